@@ -1,0 +1,1 @@
+"""The course's tiny model: a Llama-architecture decoder, its tokenizer, corpus and training entry point."""
