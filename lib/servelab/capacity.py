@@ -1,0 +1,324 @@
+"""Back-of-the-envelope capacity, cost and speculative-decoding arithmetic.
+
+Every worked number in the book comes out of a function here, and every assumption is an argument:
+change the argument, and the chapter's number changes with it. Units are in each name: bytes
+(decimal GB = 1e9 bytes, binary GiB = 2**30 bytes, use ``to_gb`` / ``to_gib``), FLOPs, seconds,
+milliseconds, requests/s, US dollars per month.
+
+System boundary: raw payload estimates for one deployment. Weight bytes exclude quantisation scales
+and runtime workspaces; KV bytes are the ideal cache payload (see ``servelab.kv``); replica counts
+come from a measured per-replica rate, not from a model of the hardware. The default rates of the
+cost comparison are the design exercise's editable interview assumptions, not vendor quotes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Real
+
+from servelab.kv import kv_bytes_per_token
+
+__all__ = [
+    "GB",
+    "GIB",
+    "to_gb",
+    "to_gib",
+    "weight_bytes",
+    "kv_bytes_for_tokens",
+    "kv_bytes_per_request",
+    "flops_per_token",
+    "compute_rate",
+    "time_to_last_token",
+    "peak_arrival_rate",
+    "ReplicaPlan",
+    "replicas_needed",
+    "CostBreakdown",
+    "monthly_requests",
+    "operating_allowances",
+    "hosted_cost",
+    "owned_cost",
+    "speculative_time_per_token",
+    "speculative_speedup",
+    "expected_tokens_per_cycle",
+]
+
+GB = 10**9
+GIB = 2**30
+SECONDS_PER_HOUR = 3600
+MILLION = 10**6
+
+
+def _positive(name: str, value: object, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {bound}, got {value}")
+    return value
+
+
+def _fraction(name: str, value: object) -> float:
+    _positive(name, value, allow_zero=True)
+    if value > 1:
+        raise ValueError(f"{name} must satisfy 0 <= {name} <= 1, got {value}")
+    return value
+
+
+def _count(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+def to_gb(n_bytes: float) -> float:
+    """Bytes -> decimal gigabytes (1 GB = 1e9 bytes)."""
+    return _positive("n_bytes", n_bytes, allow_zero=True) / GB
+
+
+def to_gib(n_bytes: float) -> float:
+    """Bytes -> binary gibibytes (1 GiB = 2**30 bytes)."""
+    return _positive("n_bytes", n_bytes, allow_zero=True) / GIB
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+
+def weight_bytes(params: float, bytes_per_param: float) -> float:
+    """Raw weight storage in bytes: params x bytes per parameter (0.5 for packed int4)."""
+    return _positive("params", params) * _positive("bytes_per_param", bytes_per_param)
+
+
+def kv_bytes_for_tokens(
+    n_tokens: int, n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_elem: int, n_requests: int = 1
+) -> int:
+    """Raw KV-cache bytes for ``n_requests`` sequences of ``n_tokens`` cached tokens each.
+
+    Per token 2 x layers x KV heads x head dim x bytes (``servelab.kv.kv_bytes_per_token``); use the
+    KV head count, not the query head count, for grouped-query attention.
+    """
+    _count("n_tokens", n_tokens, 0)
+    _count("n_requests", n_requests)
+    return n_requests * n_tokens * kv_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_elem)
+
+
+def kv_bytes_per_request(
+    prompt_tokens: int, reserved_output_tokens: int, n_layers: int, n_kv_heads: int, head_dim: int,
+    bytes_per_elem: int,
+) -> int:
+    """KV bytes an admission controller must reserve for one request at its maximum length.
+
+    The reservation covers the whole prompt plus the output allowance, since decode grows the cache.
+    """
+    _count("prompt_tokens", prompt_tokens, 0)
+    _count("reserved_output_tokens", reserved_output_tokens, 0)
+    return kv_bytes_for_tokens(
+        prompt_tokens + reserved_output_tokens, n_layers, n_kv_heads, head_dim, bytes_per_elem
+    )
+
+
+# --- compute and latency --------------------------------------------------------------------------
+
+
+def flops_per_token(params: float) -> float:
+    """Dense weight-matmul FLOPs per token, 2 x params (attention over the context is extra)."""
+    return 2 * _positive("params", params)
+
+
+def compute_rate(params: float, tokens_per_second: float) -> float:
+    """FLOP/s needed by the weight matmuls to produce ``tokens_per_second`` tokens."""
+    return flops_per_token(params) * _positive("tokens_per_second", tokens_per_second)
+
+
+def time_to_last_token(ttft: float, n_tokens: int, tokens_per_second: float) -> float:
+    """Seconds until the last of ``n_tokens`` arrives: TTFT + (n - 1) / decode rate.
+
+    The first token is already inside TTFT; ``tokens_per_second`` is the rate after it.
+    """
+    _positive("ttft", ttft, allow_zero=True)
+    _count("n_tokens", n_tokens)
+    return ttft + (n_tokens - 1) / _positive("tokens_per_second", tokens_per_second)
+
+
+# --- replicas -------------------------------------------------------------------------------------
+
+
+def peak_arrival_rate(
+    requests_per_day: float, active_hours: float, peak_factor: float, retry_allowance: float
+) -> float:
+    """Peak attempts per second: daily requests spread over the active hours, times the peak factor,
+    times (1 + retry allowance) for additional attempts (0.05 = 5 % extra)."""
+    _positive("requests_per_day", requests_per_day)
+    hours = _positive("active_hours", active_hours)
+    if hours > 24:
+        raise ValueError(f"active_hours must be <= 24, got {active_hours}")
+    _positive("peak_factor", peak_factor)
+    _positive("retry_allowance", retry_allowance, allow_zero=True)
+    mean_rate = requests_per_day / (hours * SECONDS_PER_HOUR)
+    return mean_rate * peak_factor * (1 + retry_allowance)
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """Replica count: ``serving`` carries the peak at the planning utilisation, ``spare`` survives
+    failures; ``budget_per_replica`` is the requests/s each serving replica is planned to take."""
+
+    budget_per_replica: float
+    serving: int
+    spare: int
+
+    @property
+    def total(self) -> int:
+        return self.serving + self.spare
+
+
+def replicas_needed(
+    arrival_rate: float, per_replica_rate: float, planning_utilization: float, spare: int = 1
+) -> ReplicaPlan:
+    """ceil(arrival / (per-replica rate x planning utilisation)) serving replicas, plus ``spare``.
+
+    ``per_replica_rate`` is the measured rate one complete replica sustains within the latency SLO
+    for this request mix; ``planning_utilization`` in (0, 1] is headroom, not a latency guarantee.
+    """
+    _positive("arrival_rate", arrival_rate)
+    _positive("per_replica_rate", per_replica_rate)
+    if not 0 < _fraction("planning_utilization", planning_utilization):
+        raise ValueError("planning_utilization must satisfy 0 < planning_utilization <= 1")
+    _count("spare", spare, 0)
+    budget = per_replica_rate * planning_utilization
+    # the 1e-12 keeps an exact multiple (e.g. 5.6 / 2.8) from rounding up through float error
+    return ReplicaPlan(budget, math.ceil(arrival_rate / budget - 1e-12), spare)
+
+
+# --- cost -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostBreakdown:
+    """Monthly cost line items (US$) and the per-1,000 figures derived from them."""
+
+    line_items: dict[str, float]
+    original_requests: float
+    useful_fraction: float
+
+    @property
+    def total(self) -> float:
+        return sum(self.line_items.values())
+
+    @property
+    def per_1000_requests(self) -> float:
+        return 1000 * self.total / self.original_requests
+
+    @property
+    def per_1000_useful(self) -> float:
+        return self.per_1000_requests / self.useful_fraction
+
+
+def monthly_requests(requests_per_day: float = 100_000, days: int = 30) -> float:
+    """Original requests per month (retries not included)."""
+    return _positive("requests_per_day", requests_per_day) * _count("days", days)
+
+
+def operating_allowances(
+    application: float = 600.0, maintenance: float = 1_500.0, review_hours: float = 500.0,
+    review_rate: float = 35.0,
+) -> dict[str, float]:
+    """Fixed monthly costs either option pays: application, maintenance, quality review (hours x $/h)."""
+    return {
+        "application": _positive("application", application, allow_zero=True),
+        "maintenance": _positive("maintenance", maintenance, allow_zero=True),
+        "quality review": _positive("review_hours", review_hours, allow_zero=True)
+        * _positive("review_rate", review_rate, allow_zero=True),
+    }
+
+
+def hosted_cost(
+    requests_per_month: float = 3_000_000,
+    attempt_factor: float = 1.05,
+    input_tokens: float = 2_000,
+    output_tokens: float = 250,
+    input_price_per_m: float = 0.50,
+    cached_input_price_per_m: float = 0.05,
+    cached_input_share: float = 0.30,
+    output_price_per_m: float = 2.00,
+    useful_fraction: float = 0.97,
+    allowances: dict[str, float] | None = None,
+) -> CostBreakdown:
+    """Monthly cost of a hosted token API (US$), billed on every attempt.
+
+    Token counts are means per attempt; prices are $ per million tokens; ``cached_input_share`` of
+    input tokens bills at the cached rate. ``allowances`` defaults to ``operating_allowances()``.
+    """
+    _positive("requests_per_month", requests_per_month)
+    attempts = requests_per_month * _positive("attempt_factor", attempt_factor)
+    share = _fraction("cached_input_share", cached_input_share)
+    fed = attempts * _positive("input_tokens", input_tokens, allow_zero=True) / MILLION
+    out = attempts * _positive("output_tokens", output_tokens, allow_zero=True) / MILLION
+    input_price = _positive("input_price_per_m", input_price_per_m, allow_zero=True)
+    cached_price = _positive("cached_input_price_per_m", cached_input_price_per_m, allow_zero=True)
+    output_price = _positive("output_price_per_m", output_price_per_m, allow_zero=True)
+    items = {
+        "uncached input tokens": fed * (1 - share) * input_price,
+        "cached input tokens": fed * share * cached_price,
+        "output tokens": out * output_price,
+    }
+    items.update(operating_allowances() if allowances is None else _allowances(allowances))
+    return CostBreakdown(items, requests_per_month, _useful(useful_fraction))
+
+
+def owned_cost(
+    replicas: int = 7,
+    hourly_rate: float = 6.0,
+    hours_per_month: float = 720,
+    requests_per_month: float = 3_000_000,
+    useful_fraction: float = 0.97,
+    allowances: dict[str, float] | None = None,
+) -> CostBreakdown:
+    """Monthly cost of owned replicas (US$) billed every hour, idle or not, plus the allowances.
+
+    No per-token charge: inference on owned replicas is paid for by the hours.
+    """
+    _count("replicas", replicas)
+    hours = _positive("hours_per_month", hours_per_month)
+    items = {"replica hours": replicas * _positive("hourly_rate", hourly_rate) * hours}
+    items.update(operating_allowances() if allowances is None else _allowances(allowances))
+    return CostBreakdown(items, _positive("requests_per_month", requests_per_month), _useful(useful_fraction))
+
+
+def _allowances(allowances: object) -> dict[str, float]:
+    if not isinstance(allowances, dict):
+        raise TypeError("allowances must be a dict of line item -> monthly US$")
+    return {str(k): _positive(f"allowances[{k!r}]", v, allow_zero=True) for k, v in allowances.items()}
+
+
+def _useful(useful_fraction: object) -> float:
+    if not 0 < _fraction("useful_fraction", useful_fraction):
+        raise ValueError("useful_fraction must satisfy 0 < useful_fraction <= 1")
+    return useful_fraction
+
+
+# --- speculative decoding -------------------------------------------------------------------------
+
+
+def speculative_time_per_token(draft_ms: float, verify_ms: float, tokens_advanced: float) -> float:
+    """Milliseconds per advanced token: (draft + verify/correct time of one cycle) / tokens advanced."""
+    cycle = _positive("draft_ms", draft_ms, allow_zero=True) + _positive("verify_ms", verify_ms)
+    return cycle / _positive("tokens_advanced", tokens_advanced)
+
+
+def speculative_speedup(
+    baseline_ms_per_token: float, draft_ms: float, verify_ms: float, tokens_advanced: float
+) -> float:
+    """Baseline ms/token over speculative ms/token; below 1 means speculation is slower."""
+    baseline = _positive("baseline_ms_per_token", baseline_ms_per_token)
+    return baseline / speculative_time_per_token(draft_ms, verify_ms, tokens_advanced)
+
+
+def expected_tokens_per_cycle(acceptance_rate: float, draft_len: int) -> float:
+    """Expected tokens advanced per cycle, (1 - a^(k+1)) / (1 - a), for i.i.d. acceptance a of k
+    drafted tokens (the target always contributes one token; a = 1 gives k + 1)."""
+    a = _fraction("acceptance_rate", acceptance_rate)
+    k = _count("draft_len", draft_len, 0)
+    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)

@@ -1,0 +1,376 @@
+"""Serving metrics (TTFT, ITL, TPOT, throughput, SLO attainment, goodput) and the roofline.
+
+System boundary: every timestamp passed in must be taken at the same place -- for example at the
+server's streaming layer, or at the client -- because TTFT measured at the client also contains
+network transit and the gateway. Times are in seconds unless the caller uses another unit
+consistently (the tick simulators in ``servelab.batching`` pass ticks). A request's *emit times*
+are the instants its output tokens left that boundary, in order.
+
+The roofline half answers "which side of the ridge does this phase sit on" for an idealised dense
+decoder. It gives upper bounds for a thought experiment, not latency predictions: kernels,
+scheduling overhead and memory-access patterns decide real timings.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from numbers import Real
+from typing import Sequence
+
+import numpy as np
+
+from servelab.kv import kv_bytes_per_token
+
+__all__ = [
+    "ttft",
+    "itl",
+    "tpot",
+    "e2e_identity_holds",
+    "RequestTiming",
+    "Throughputs",
+    "throughputs",
+    "meets_slo",
+    "slo_attainment",
+    "goodput",
+    "Percentile",
+    "percentile",
+    "ridge_point",
+    "attainable_flops",
+    "ModelShape",
+    "PhaseCost",
+    "prefill_cost",
+    "decode_cost",
+]
+
+
+def _require_number(name: str, value: object, minimum: float = 0.0, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        bound = ">" if strict else ">="
+        raise ValueError(f"{name} must be finite and {bound} {minimum}, got {value}")
+    return value
+
+
+def _require_emit_times(emit_times: object, minimum_count: int = 1) -> list:
+    if not isinstance(emit_times, (list, tuple, np.ndarray)):
+        raise TypeError("emit_times must be a list or tuple of emit instants")
+    times = list(emit_times)
+    if len(times) < minimum_count:
+        raise ValueError(f"emit_times must hold at least {minimum_count} instants, got {len(times)}")
+    for t in times:
+        _require_number("emit_times[i]", t, -math.inf)
+    if any(b < a for a, b in zip(times, times[1:])):
+        raise ValueError("emit_times must be non-decreasing")
+    return times
+
+
+def ttft(arrival: float, emit_times: Sequence[float]) -> float:
+    """Time to first token: first emit instant minus arrival (seconds)."""
+    _require_number("arrival", arrival, -math.inf)
+    times = _require_emit_times(emit_times)
+    if times[0] < arrival:
+        raise ValueError("emit_times[0] must not precede arrival")
+    return times[0] - arrival
+
+
+def itl(emit_times: Sequence[float]) -> list[float]:
+    """Inter-token latencies ITL_j = t_j - t_(j-1), one per token after the first (seconds)."""
+    times = _require_emit_times(emit_times)
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def tpot(emit_times: Sequence[float]) -> float:
+    """Time per output token after the first: (t_last - t_first) / (N_out - 1), seconds/token.
+
+    Defined only for N_out >= 2; it is not total latency divided by the token count.
+    """
+    times = _require_emit_times(emit_times, minimum_count=2)
+    return (times[-1] - times[0]) / (len(times) - 1)
+
+
+def e2e_identity_holds(arrival: float, emit_times: Sequence[float], tol: float = 1e-9) -> bool:
+    """Check t_last - t_arrival == TTFT + sum(ITL) within ``tol`` (an identity at one boundary)."""
+    _require_number("tol", tol)
+    lhs = _require_emit_times(emit_times)[-1] - arrival
+    return abs(lhs - (ttft(arrival, emit_times) + sum(itl(emit_times)))) <= tol
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """One request's timestamps (seconds, one system boundary) and token counts.
+
+    ``first_scheduled`` is when the scheduler first ran it, ``finish`` when it left the system
+    (at or after its last emit). ``prompt_tokens`` feeds total-token throughput.
+    """
+
+    arrival: float
+    first_scheduled: float
+    emit_times: tuple[float, ...]
+    finish: float
+    prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "emit_times", tuple(_require_emit_times(self.emit_times)))
+        for name in ("arrival", "first_scheduled", "finish"):
+            _require_number(name, getattr(self, name), -math.inf)
+        if not self.arrival <= self.first_scheduled <= self.emit_times[0]:
+            raise ValueError("first_scheduled must lie between arrival and the first emit")
+        if self.finish < self.emit_times[-1]:
+            raise ValueError("finish must not precede the last emit")
+        if isinstance(self.prompt_tokens, bool) or not isinstance(self.prompt_tokens, int):
+            raise TypeError("prompt_tokens must be an int >= 0")
+        if self.prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens must be an int >= 0, got {self.prompt_tokens}")
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.emit_times)
+
+    @property
+    def queue_delay(self) -> float:
+        return self.first_scheduled - self.arrival
+
+    @property
+    def ttft(self) -> float:
+        return ttft(self.arrival, self.emit_times)
+
+    @property
+    def itl(self) -> list:
+        return itl(self.emit_times)
+
+    @property
+    def tpot(self) -> float | None:
+        """TPOT in seconds/token, or None when the request emitted a single token."""
+        return tpot(self.emit_times) if self.output_tokens >= 2 else None
+
+    @property
+    def e2e(self) -> float:
+        return self.finish - self.arrival
+
+
+def _require_records(records: object) -> list[RequestTiming]:
+    if not isinstance(records, (list, tuple)) or not all(isinstance(r, RequestTiming) for r in records):
+        raise TypeError("records must be a list of RequestTiming")
+    if not records:
+        raise ValueError("records must hold at least one RequestTiming")
+    return list(records)
+
+
+def _require_window(window: object) -> tuple[float, float]:
+    if not isinstance(window, tuple) or len(window) != 2:
+        raise TypeError("window must be a (start, end) tuple in seconds")
+    start = _require_number("window[0]", window[0], -math.inf)
+    end = _require_number("window[1]", window[1], -math.inf)
+    if end <= start:
+        raise ValueError(f"window must satisfy start < end, got {window}")
+    return start, end
+
+
+def _completed_in(records: list[RequestTiming], window: tuple[float, float]) -> list[RequestTiming]:
+    start, end = window
+    return [r for r in records if start <= r.finish <= end]
+
+
+@dataclass(frozen=True)
+class Throughputs:
+    """The three throughput dimensions, all per second: requests, output tokens, total tokens."""
+
+    requests_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+
+
+def throughputs(records: Sequence[RequestTiming], window: tuple[float, float]) -> Throughputs:
+    """Rates over ``window`` = (start, end) seconds, counting requests that finished inside it.
+
+    Total tokens add each finished request's prompt tokens to its output tokens.
+    """
+    recs = _require_records(records)
+    start, end = _require_window(window)
+    done = _completed_in(recs, (start, end))
+    span = end - start
+    out = sum(r.output_tokens for r in done)
+    return Throughputs(len(done) / span, out / span, (out + sum(r.prompt_tokens for r in done)) / span)
+
+
+def meets_slo(record: RequestTiming, ttft_slo: float, tpot_slo: float, deadline: float | None = None) -> bool:
+    """True when TTFT <= ttft_slo, TPOT <= tpot_slo and (if given) e2e <= deadline, in seconds.
+
+    A single-token request has no TPOT and is judged on TTFT and deadline only.
+    """
+    if not isinstance(record, RequestTiming):
+        raise TypeError("record must be a RequestTiming")
+    _require_number("ttft_slo", ttft_slo)
+    _require_number("tpot_slo", tpot_slo)
+    if deadline is not None:
+        _require_number("deadline", deadline)
+    ok = record.ttft <= ttft_slo and (record.tpot is None or record.tpot <= tpot_slo)
+    return ok and (deadline is None or record.e2e <= deadline)
+
+
+def slo_attainment(
+    records: Sequence[RequestTiming], ttft_slo: float, tpot_slo: float, deadline: float | None = None
+) -> float:
+    """Fraction (0..1, dimensionless) of requests meeting every SLO: N_slo / N_total."""
+    recs = _require_records(records)
+    return sum(meets_slo(r, ttft_slo, tpot_slo, deadline) for r in recs) / len(recs)
+
+
+def goodput(
+    records: Sequence[RequestTiming],
+    ttft_slo: float,
+    tpot_slo: float,
+    window: tuple[float, float],
+    deadline: float | None = None,
+    unit: str = "requests",
+) -> float:
+    """Rate of SLO-meeting work over ``window``: requests/s, or output tokens/s with unit="tokens".
+
+    A rate, never a fraction: N_slo / window length, counting requests finished inside the window.
+    """
+    recs = _require_records(records)
+    start, end = _require_window(window)
+    if unit not in ("requests", "tokens"):
+        raise ValueError(f"unit must be 'requests' or 'tokens', got {unit!r}")
+    good = [r for r in _completed_in(recs, (start, end)) if meets_slo(r, ttft_slo, tpot_slo, deadline)]
+    amount = len(good) if unit == "requests" else sum(r.output_tokens for r in good)
+    return amount / (end - start)
+
+
+@dataclass(frozen=True)
+class Percentile:
+    """A quantile estimate with its sample size.
+
+    ``enough_samples`` is False when n < 100 / (100 - q): fewer samples than one expected above the
+    quantile (p99 needs n >= 100), so the value is a guess at the tail, not a measurement of it.
+    """
+
+    q: float
+    value: float
+    n: int
+    enough_samples: bool
+
+
+def percentile(values: Sequence[float], q: float) -> Percentile:
+    """The q-th percentile (0 <= q < 100, linear interpolation) with n, warning when n is too small."""
+    if not isinstance(values, (list, tuple, np.ndarray)):
+        raise TypeError("values must be a list, tuple or array of numbers")
+    data = np.asarray(values, dtype=float)
+    if data.ndim != 1 or data.size == 0 or not np.all(np.isfinite(data)):
+        raise ValueError("values must be a non-empty 1-D sequence of finite numbers")
+    _require_number("q", q)
+    if q >= 100:
+        raise ValueError(f"q must satisfy 0 <= q < 100, got {q}")
+    enough = data.size >= math.ceil(100 / (100 - q) - 1e-9)
+    if not enough:
+        warnings.warn(f"p{q:g} from only {data.size} samples is not a tail measurement", stacklevel=2)
+    return Percentile(q, float(np.percentile(data, q)), int(data.size), bool(enough))
+
+
+# --- roofline -------------------------------------------------------------------------------------
+
+
+def ridge_point(peak_flops: float, mem_bandwidth: float) -> float:
+    """Ridge point I* = peak FLOP/s / memory bytes/s, in FLOP/byte.
+
+    A kernel whose arithmetic intensity is below I* cannot reach peak compute on this device.
+    """
+    peak = _require_number("peak_flops", peak_flops, strict=True)
+    bw = _require_number("mem_bandwidth", mem_bandwidth, strict=True)
+    return peak / bw
+
+
+def attainable_flops(intensity: float, peak_flops: float, mem_bandwidth: float) -> float:
+    """Roofline ceiling min(peak, intensity x bandwidth), FLOP/s, for intensity in FLOP/byte."""
+    i = _require_number("intensity", intensity)
+    peak = _require_number("peak_flops", peak_flops, strict=True)
+    bw = _require_number("mem_bandwidth", mem_bandwidth, strict=True)
+    return min(peak, i * bw)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """An idealised dense decoder for roofline arithmetic.
+
+    ``params`` counts weights; ``hidden_size`` = query heads x head dim (the attention-score width);
+    ``bytes_per_elem`` applies to weights and KV alike.
+    """
+
+    params: int
+    n_layers: int
+    hidden_size: int
+    n_kv_heads: int
+    head_dim: int
+    bytes_per_elem: int
+
+    def __post_init__(self) -> None:
+        for name in ("params", "n_layers", "hidden_size", "n_kv_heads", "head_dim", "bytes_per_elem"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int >= 1")
+            if value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value}")
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * self.bytes_per_elem
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, self.bytes_per_elem)
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """FLOPs and bytes of one forward pass, and their ratio (FLOP/byte)."""
+
+    flops: float
+    bytes: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+
+def _require_shape(model: object) -> ModelShape:
+    if not isinstance(model, ModelShape):
+        raise TypeError("model must be a ModelShape")
+    return model
+
+
+def _require_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 1")
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value}")
+    return value
+
+
+def prefill_cost(model: ModelShape, prompt_len: int, batch: int = 1) -> PhaseCost:
+    """One prefill pass over ``batch`` prompts of ``prompt_len`` tokens.
+
+    FLOPs: 2P per token for the weight matmuls plus causal attention, 4 x layers x hidden per
+    (query, key) pair, summed over positions: 2 x layers x hidden x L(L+1) per prompt.
+    Bytes: weights read once, plus the prompt's KV written once. Activations are ignored.
+    """
+    m = _require_shape(model)
+    n = _require_count("prompt_len", prompt_len)
+    b = _require_count("batch", batch)
+    flops = b * (2 * m.params * n + 2 * m.n_layers * m.hidden_size * n * (n + 1))
+    return PhaseCost(flops, m.weight_bytes + b * n * m.kv_bytes_per_token)
+
+
+def decode_cost(model: ModelShape, context_len: int, batch: int = 1) -> PhaseCost:
+    """One decode step for ``batch`` sequences, each attending over ``context_len`` cached tokens.
+
+    FLOPs: 2P + 4 x layers x hidden x context per sequence. Bytes: weights read once for the whole
+    batch, plus every sequence's KV read (context_len tokens each). Activations are ignored.
+    """
+    m = _require_shape(model)
+    ctx = _require_count("context_len", context_len)
+    b = _require_count("batch", batch)
+    flops = b * (2 * m.params + 4 * m.n_layers * m.hidden_size * ctx)
+    return PhaseCost(flops, m.weight_bytes + b * ctx * m.kv_bytes_per_token)

@@ -1,0 +1,111 @@
+import pytest
+
+from servelab.capacity import (
+    compute_rate,
+    expected_tokens_per_cycle,
+    flops_per_token,
+    hosted_cost,
+    kv_bytes_for_tokens,
+    kv_bytes_per_request,
+    monthly_requests,
+    operating_allowances,
+    owned_cost,
+    peak_arrival_rate,
+    replicas_needed,
+    speculative_speedup,
+    speculative_time_per_token,
+    time_to_last_token,
+    to_gb,
+    to_gib,
+    weight_bytes,
+)
+
+LAYOUT = dict(n_layers=80, n_kv_heads=8, head_dim=128, bytes_per_elem=2)
+
+
+def test_weight_bytes_decimal_gb():
+    assert to_gb(weight_bytes(70e9, 2)) == pytest.approx(140)
+    assert to_gb(weight_bytes(70e9, 0.5)) == pytest.approx(35)
+
+
+def test_kv_cache_worked_examples():
+    assert kv_bytes_for_tokens(1, **LAYOUT) == 327_680  # 320 KiB per token
+    assert to_gib(kv_bytes_for_tokens(8192, **LAYOUT)) == 2.5
+    assert to_gib(kv_bytes_for_tokens(8192, **LAYOUT, n_requests=4)) == 10
+    assert to_gib(kv_bytes_for_tokens(8192, **dict(LAYOUT, n_kv_heads=64))) == 20
+    per_request = kv_bytes_per_request(4096, 512, **LAYOUT)
+    assert to_gib(per_request) == 1.40625
+    assert to_gib(48 * per_request) == 67.5
+
+
+def test_flops_and_latency():
+    assert flops_per_token(70e9) == pytest.approx(140e9)
+    assert compute_rate(70e9, 40) == pytest.approx(5.6e12)
+    assert time_to_last_token(0.2, 100, 50) == pytest.approx(2.18)
+    assert time_to_last_token(0.2, 1, 50) == pytest.approx(0.2)
+
+
+def test_peak_rate_and_replicas():
+    rate = peak_arrival_rate(100_000, 16, 8, 0.05)
+    assert rate == pytest.approx(14.58, abs=0.005)
+    plan = replicas_needed(rate, 4, 0.7)
+    assert plan.budget_per_replica == pytest.approx(2.8)
+    assert (plan.serving, plan.spare, plan.total) == (6, 1, 7)
+    assert replicas_needed(5.6, 4, 0.7, spare=0).total == 2  # exact multiple does not round up
+
+
+def test_hosted_cost_design_exercise():
+    assert monthly_requests() == 3_000_000
+    assert operating_allowances()["quality review"] == 17_500
+    hosted = hosted_cost()
+    assert hosted.line_items["uncached input tokens"] == pytest.approx(2205)
+    assert hosted.line_items["cached input tokens"] == pytest.approx(94.5)
+    assert hosted.line_items["output tokens"] == pytest.approx(1575)
+    assert round(hosted.per_1000_requests, 2) == 7.82
+    assert round(hosted.per_1000_useful, 2) == 8.07
+
+
+def test_owned_cost_design_exercise():
+    owned = owned_cost()
+    assert owned.line_items["replica hours"] == 30_240
+    assert owned.total == 49_840
+    assert round(owned.per_1000_requests, 2) == 16.61
+    assert owned_cost(replicas=6).total == 49_840 - 6 * 720
+
+
+def test_assumptions_are_editable():
+    no_cache = hosted_cost(cached_input_share=0.0)
+    assert no_cache.total > hosted_cost().total
+    assert hosted_cost(allowances={}).total == pytest.approx(2205 + 94.5 + 1575)
+
+
+def test_speculative_arithmetic():
+    assert speculative_time_per_token(16, 24, 3) == pytest.approx(40 / 3)
+    assert speculative_speedup(20, 16, 24, 3) == pytest.approx(1.5)
+    assert speculative_time_per_token(16, 24, 1) == 40
+    assert speculative_speedup(20, 16, 24, 1) == pytest.approx(0.5)
+    assert expected_tokens_per_cycle(0.8, 4) == pytest.approx(sum(0.8**i for i in range(5)))
+    assert expected_tokens_per_cycle(1.0, 4) == 5
+    assert expected_tokens_per_cycle(0.0, 4) == 1
+
+
+@pytest.mark.parametrize(
+    "call, exc, word",
+    [
+        (lambda: weight_bytes(-1, 2), ValueError, "params"),
+        (lambda: weight_bytes(70e9, "2"), TypeError, "bytes_per_param"),
+        (lambda: kv_bytes_for_tokens(10, **LAYOUT, n_requests=0), ValueError, "n_requests"),
+        (lambda: time_to_last_token(0.2, 0, 50), ValueError, "n_tokens"),
+        (lambda: peak_arrival_rate(1000, 25, 8, 0.05), ValueError, "active_hours"),
+        (lambda: replicas_needed(10, 4, 1.5), ValueError, "planning_utilization"),
+        (lambda: replicas_needed(10, 4, 0.7, spare=-1), ValueError, "spare"),
+        (lambda: hosted_cost(cached_input_share=1.2), ValueError, "cached_input_share"),
+        (lambda: owned_cost(useful_fraction=0), ValueError, "useful_fraction"),
+        (lambda: speculative_time_per_token(16, 24, 0), ValueError, "tokens_advanced"),
+        (lambda: expected_tokens_per_cycle(1.1, 4), ValueError, "acceptance_rate"),
+        (lambda: expected_tokens_per_cycle(0.5, 2.0), TypeError, "draft_len"),
+    ],
+)
+def test_bad_inputs(call, exc, word):
+    with pytest.raises(exc, match=word):
+        call()
