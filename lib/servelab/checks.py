@@ -213,9 +213,11 @@ def check_chunked_prefill() -> str:
 
 def check_kv_bytes_per_token() -> str:
     """[D06] the KV payload of one token for the toy layout."""
-    m_token = kv_bytes_per_token(2, 2, 4, 2)
+    layers, kv_heads, head_dim, elem_bytes = 2, 2, 4, 2
+    m_token = kv_bytes_per_token(layers, kv_heads, head_dim, elem_bytes)
     _expect(m_token == 64, f"bytes/token {m_token}")
-    return f"KV bytes/token (layers=2, kv_heads=2, head_dim=4, 2 B) = {m_token} B = 2*2*2*4*2"
+    return (f"KV bytes/token (layers={layers}, kv_heads={kv_heads}, head_dim={head_dim}, "
+            f"{elem_bytes} B) = {m_token} B = 2 (K and V) x {layers} x {kv_heads} x {head_dim} x {elem_bytes}")
 
 
 def check_block_fragmentation() -> str:
