@@ -1,0 +1,64 @@
+"""Checker for the goodput exercise.
+
+Student signature::
+
+    def goodput(records: list[RequestTiming], ttft_slo: float, tpot_slo: float,
+                window: tuple[float, float]) -> float: ...
+
+Goodput is the number of requests that finished inside ``window`` and met both SLOs (TTFT <= ttft_slo,
+and TPOT <= tpot_slo when the request emitted at least two tokens), divided by the window's length:
+requests per second, a rate and never a fraction. The reference is ``servelab.metrics.goodput``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from servelab.exercises.result import CaseFailure, CheckResult, run_cases
+from servelab.metrics import RequestTiming, goodput, slo_attainment
+
+__all__ = ["check_goodput"]
+
+Goodput = Callable[[list[RequestTiming], float, float, tuple[float, float]], float]
+
+
+def _req(arrival: float, emits: list[float]) -> RequestTiming:
+    return RequestTiming(arrival=arrival, first_scheduled=arrival, emit_times=tuple(emits), finish=emits[-1])
+
+
+FAST = _req(0.0, [0.2, 0.3, 0.4])          # TTFT 0.2 s, TPOT 0.1 s
+SLOW_START = _req(1.0, [2.5, 2.6, 2.7])    # TTFT 1.5 s
+SLOW_TOKENS = _req(2.0, [2.1, 2.6, 3.1])   # TPOT 0.5 s
+ONE_TOKEN = _req(3.0, [3.3])               # no TPOT: judged on TTFT only
+LATE = _req(9.0, [9.2, 9.3, 12.0])         # finishes after the window
+EDGE = _req(4.0, [4.5, 4.75, 5.0])         # TTFT and TPOT exactly at the SLO
+
+GOODPUT_CASES = (
+    ("a rate over a 10 s window, not a fraction", [FAST, SLOW_START, SLOW_TOKENS, ONE_TOKEN], 1.0, 0.2, (0.0, 10.0)),
+    ("a request finishing after the window is not counted", [FAST, LATE], 1.0, 0.2, (0.0, 10.0)),
+    ("a single-token request has no TPOT to miss", [ONE_TOKEN], 0.5, 0.01, (0.0, 4.0)),
+    ("meeting the SLO exactly counts", [EDGE, FAST], 0.5, 0.25, (0.0, 5.0)),
+    ("nothing meets a strict SLO", [SLOW_START, SLOW_TOKENS], 0.05, 0.05, (0.0, 8.0)),
+)
+
+
+def _compare(fn: Goodput, records: list[RequestTiming], ttft_slo: float, tpot_slo: float, window: tuple) -> None:
+    expected = goodput(records, ttft_slo, tpot_slo, window)
+    got = fn(list(records), ttft_slo, tpot_slo, window)
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isclose(got, expected, abs_tol=1e-12):
+        call = f"goodput({len(records)} records, ttft_slo={ttft_slo}, tpot_slo={tpot_slo}, window={window})"
+        hint = ""
+        attainment = slo_attainment(records, ttft_slo, tpot_slo)
+        if isinstance(got, (int, float)) and math.isclose(got, attainment) and not math.isclose(attainment, expected):
+            hint = " — that is the SLO attainment fraction; goodput divides by the window length in seconds"
+        raise CaseFailure(f"{call} returned {got!r}, expected {expected:g} requests/s{hint}")
+
+
+def check_goodput(fn: Goodput, verbose: bool = True) -> CheckResult:
+    """Run the hidden goodput cases against ``servelab.metrics.goodput``."""
+    cases = [
+        (label, lambda r=records, t=ttft, p=tpot, w=window: _compare(fn, r, t, p, w))
+        for label, records, ttft, tpot, window in GOODPUT_CASES
+    ]
+    return run_cases("goodput", cases, verbose)

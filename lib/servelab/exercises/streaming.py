@@ -1,0 +1,68 @@
+"""Checker for the stop-string buffer exercise.
+
+Student interface (a class)::
+
+    class StopBuffer:
+        def __init__(self, stop_strings: list[str]) -> None: ...
+        def push(self, chunk: str) -> str: ...   # text safe to send now (possibly "")
+        def flush(self) -> str: ...              # end of generation: release what is still held
+
+When a stop string completes, ``push`` returns the text before it and the stream ends (the stop
+string and anything after it are never sent). The reference is ``servelab.streaming.StopStringBuffer``;
+each case feeds the same chunks to both and compares what comes out after every push.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from servelab.exercises.result import CaseFailure, CheckResult, run_cases
+from servelab.streaming import StopStringBuffer
+
+__all__ = ["check_stop_buffer"]
+
+STOP_CASES = (
+    ("stop string split over three chunks", ["###"], ["ok #", "#", "# more"]),
+    ("stop string split inside a tag", ["</s>"], ["Hello", " wor", "ld<", "/", "s>tail"]),
+    ("false alarm is released later", ["</s>"], ["a <", "b> c"]),
+    ("no match: flush recovers all text", ["STOP"], ["no", " stop", " S", "TO"]),
+    ("stop string inside one chunk", ["END"], ["abcENDdef"]),
+    ("one of two stop strings matches", ["\n\n", "Q:"], ["answer\n", "Q: next"]),
+    ("no stop strings: pass-through", [], ["a", "b", "c"]),
+)
+
+
+def _run_case(buffer_cls: Callable[[list[str]], object], stops: list[str], chunks: Sequence[str]) -> None:
+    """Feed ``chunks`` to the student's buffer and the reference; raise CaseFailure at the first difference."""
+    reference = StopStringBuffer(stops)
+    student = buffer_cls(list(stops))
+    sent = ""
+    for chunk in chunks:
+        expected = reference.push(chunk)
+        got = student.push(chunk)
+        if got != expected:
+            raise CaseFailure(_explain(stops, sent, chunk, expected, got))
+        sent += got
+        if reference.finished:
+            return
+    expected, got = reference.flush(), student.flush()
+    if got != expected:
+        raise CaseFailure(f"stops={stops}: flush() returned {got!r} after sending {sent!r}, expected {expected!r}")
+
+
+def _explain(stops: list[str], sent: str, chunk: str, expected: str, got: object) -> str:
+    where = f"stops={stops}, after sending {sent!r}, push({chunk!r}) returned {got!r}, expected {expected!r}"
+    if isinstance(got, str) and got.startswith(expected) and len(got) > len(expected):
+        return f"{where}: it leaked {got[len(expected):]!r}, which may still be the start of a stop string"
+    if isinstance(got, str) and expected.startswith(got):
+        return f"{where}: it held back {expected[len(got):]!r}, which can no longer start a stop string"
+    return where
+
+
+def check_stop_buffer(buffer_cls: Callable[[list[str]], object], verbose: bool = True) -> CheckResult:
+    """Run the hidden streaming cases against ``servelab.streaming.StopStringBuffer``."""
+    cases = [
+        (label, lambda stops=stops, chunks=chunks: _run_case(buffer_cls, stops, chunks))
+        for label, stops, chunks in STOP_CASES
+    ]
+    return run_cases("stop-string buffer", cases, verbose)

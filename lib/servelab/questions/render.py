@@ -1,0 +1,115 @@
+"""Turn bank entries into Markdown: MyST for the book's §9 page, plain Markdown for exports.
+
+Book page: each question is a sphinx-exercise ``exercise`` directive and its answer a ``solution``
+directive with ``:class: dropdown``, so the answer stays folded until opened and disappears entirely
+when the book is built with solutions hidden (sphinx-exercise's ``hide_solutions``, the switch
+described on the instructor page). The notebook that builds the page displays this MyST with the
+cell metadata ``{"mystnb": {"markdown_format": "myst"}}`` so myst-nb parses the directives.
+
+Chapter links become ``{ref}`` links when the target label exists in the book sources, a page link
+when only the page exists, and plain text otherwise, so the strict build never meets a dangling
+reference.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from servelab.questions.bank import Answer, Bank, DesignExercise, Question
+from servelab.questions.design import DesignResult, design_table_markdown
+
+__all__ = [
+    "answer_markdown",
+    "chapter_link",
+    "design_exercise_myst",
+    "find_book_root",
+    "label_defined",
+    "question_myst",
+    "tier_myst",
+]
+
+FENCE = "````"  # four backticks: answers may contain ``` code blocks of their own
+
+
+def answer_markdown(answer: Answer) -> str:
+    """The three parts of an answer as Markdown paragraphs and a bullet list."""
+    mistakes = "\n".join(f"- {m}" for m in answer.mistakes)
+    return (
+        f"**Framework.** {answer.framework}\n\n"
+        f"**Key formula / definition.** {answer.key}\n\n"
+        f"**Common mistakes.**\n\n{mistakes}"
+    )
+
+
+def find_book_root(start: Path) -> Path | None:
+    """The repository root above ``start`` (the folder holding ``_toc.yml``), or None outside a checkout."""
+    for folder in (start, *start.parents):
+        if (folder / "_toc.yml").is_file():
+            return folder
+    return None
+
+
+def label_defined(root: Path, slug: str, label: str) -> bool:
+    """True when ``label`` is a MyST target in the chapter's page or notebook under ``root``.
+
+    Recognised forms: a ``(label)=`` target line, or ``:label: label`` / ``:name: label`` options.
+    """
+    pattern = re.compile(
+        rf"\({re.escape(label)}\)=|:(?:label|name):[ \t]*{re.escape(label)}(?![\w-])"
+    )
+    for path in (root / "book" / f"{slug}.md", root / "notebooks" / f"{slug}.ipynb"):
+        if path.is_file() and pattern.search(path.read_text(encoding="utf-8")):
+            return True
+    return False
+
+
+def chapter_link(question: Question, root: Path | None, page_dir: str = "notebooks") -> str:
+    """MyST link from a page in ``root/page_dir`` to the section that teaches ``question``."""
+    text = f"{question.section} ({question.chapter_slug})"
+    if root is None:
+        return text
+    if label_defined(root, question.chapter_slug, question.chapter_label):
+        return f"{{ref}}`{text} <{question.chapter_label}>`"
+    if (root / "book" / f"{question.chapter_slug}.md").is_file():
+        up = "../" * len(Path(page_dir).parts)
+        return f"[{text}]({up}book/{question.chapter_slug}.md)"
+    return text
+
+
+def question_myst(question: Question, root: Path | None, page_dir: str = "notebooks") -> str:
+    """One question as an ``exercise`` directive followed by its ``solution`` dropdown."""
+    label = f"ch09-{question.id.lower()}"
+    links = (
+        f"**Read and run.** {chapter_link(question, root, page_dir)} · "
+        f"`{question.code}`"
+    )
+    return (
+        f"{FENCE}{{exercise}} {question.id} · {question.title}\n:label: {label}\n:nonumber:\n\n"
+        f"{question.question}\n{FENCE}\n\n"
+        f"{FENCE}{{solution}} {label}\n:label: {label}-answer\n:class: dropdown\n\n"
+        f"{answer_markdown(question.answer)}\n\n{links}\n{FENCE}\n"
+    )
+
+
+def tier_myst(bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir: str = "notebooks") -> str:
+    """Every question of ``set_id`` in tier ``tier_id``, preceded by the tier's description."""
+    tier = bank.tier(tier_id)
+    questions = bank.select(tiers=[tier_id], set_id=set_id)
+    body = "\n".join(question_myst(q, root, page_dir) for q in questions)
+    return f"*{tier.blurb}*\n\n{body}"
+
+
+def design_exercise_myst(exercise: DesignExercise, result: DesignResult) -> str:
+    """The design exercise: prompt and requirements visible, model answer and table in a dropdown."""
+    label = f"ch09-{exercise.id.lower()}"
+    functional = "\n".join(f"1. {r}" for r in exercise.functional)
+    non_functional = "\n".join(f"1. {r}" for r in exercise.non_functional)
+    points = "\n".join(f"- {p}" for p in exercise.model_answer)
+    return (
+        f"{FENCE}{{exercise}} {exercise.id} · {exercise.title}\n:label: {label}\n:nonumber:\n\n"
+        f"{exercise.prompt}\n\n**Functional requirements**\n\n{functional}\n\n"
+        f"**Non-functional requirements**\n\n{non_functional}\n{FENCE}\n\n"
+        f"{FENCE}{{solution}} {label}\n:label: {label}-answer\n:class: dropdown\n\n"
+        f"{points}\n\n{design_table_markdown(result)}\n{FENCE}\n"
+    )

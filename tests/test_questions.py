@@ -1,0 +1,283 @@
+"""The question bank: schema and cross-field rules, cited topics, links, rendering, export round trip."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from servelab.batching import Request, chunked_prefill_scenario, simulate_batching, simulate_iterations
+from servelab.questions import CHAPTER_SLUGS, CORE_IDS, BankError, load_bank, resolve_code_link
+from servelab.questions.__main__ import main as cli
+from servelab.questions.bank import load_raw, validate_raw
+from servelab.questions.design import DesignAssumptions, design_rows, solve_design
+from servelab.questions.export import export_assignment, read_markdown, read_notebook
+from servelab.questions.render import chapter_link, label_defined, question_myst, tier_myst
+from servelab.kv import block_alloc_slots
+from servelab.sampling import best_of_n_kv_tokens, softmax, support, top_k_filter, top_p_filter
+from servelab.streaming import StopStringBuffer
+
+ROOT = Path(__file__).resolve().parents[1]
+BANK = load_bank()
+CORE = BANK.select(set_id="core")
+
+
+def answer_text(qid: str) -> str:
+    return " ".join(BANK.question(qid).answer.texts())
+
+
+def squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+# ------------------------------------------------------------------------ structure
+
+
+def test_core_set_is_exactly_q1_to_q25_in_three_tiers():
+    assert [q.id for q in CORE] == list(CORE_IDS) == [f"Q{i}" for i in range(1, 26)]
+    assert {q.tier for q in CORE} == {"L1", "L2", "L3"} == {t.id for t in BANK.tiers}
+
+
+def test_every_answer_has_three_parts():
+    for q in BANK.questions:
+        assert q.answer.framework.strip() and q.answer.key.strip(), q.id
+        assert q.answer.mistakes and all(m.strip() for m in q.answer.mistakes), q.id
+
+
+def test_chapter_slugs_cover_the_book_pages():
+    pages = {p.stem for p in (ROOT / "book").glob("*.md") if re.match(r"(ch\d\d|appendix)-", p.stem)}
+    assert pages <= set(CHAPTER_SLUGS), sorted(pages - set(CHAPTER_SLUGS))
+    assert len(CHAPTER_SLUGS) == 11 and "ch09-interview" in pages
+
+
+def test_every_chapter_link_names_a_book_page_and_a_label():
+    for q in BANK.questions:
+        assert q.chapter_slug in CHAPTER_SLUGS, q.id
+        assert re.fullmatch(r"[a-z0-9-]+", q.chapter_label), q.id
+
+
+@pytest.mark.parametrize("dotted", sorted({q.code for q in BANK.questions}))
+def test_every_code_link_imports(dotted):
+    assert resolve_code_link(dotted) is not None
+
+
+def test_resolve_code_link_names_what_is_missing():
+    with pytest.raises(ImportError, match="no_such_function"):
+        resolve_code_link("servelab.sampling.no_such_function")
+
+
+def test_pipeline_set_and_design_exercise_are_present():
+    pipeline = BANK.select(set_id="pipeline")
+    assert len(pipeline) == 15 and all(q.id.startswith("P") for q in pipeline)
+    assert [d.id for d in BANK.design_exercises] == ["D1"]
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["questions"].pop(6), "exactly Q1..Q25"),
+        (lambda d: d["questions"][0]["answer"].pop("mistakes"), "'mistakes' is a required property"),
+        (lambda d: d["questions"][0]["links"].update(chapter="ch99-nowhere#x"), "not a book page slug"),
+        (lambda d: d["questions"][0].update(tier="L7"), "tier 'L7'"),
+        (lambda d: d["questions"][1].update(id="Q1"), "repeated question/exercise ids"),
+        (lambda d: [q.update(tier="L1") for q in d["questions"] if q["tier"] == "L3"], "tiers without a core question"),
+    ],
+)
+def test_validation_rejects_broken_banks(mutate, message):
+    data = copy.deepcopy(load_raw())
+    mutate(data)
+    with pytest.raises(BankError, match=re.escape(message)):
+        validate_raw(data)
+
+
+# ------------------------------------------------------------------------ the topics the seeds cite
+
+
+def test_q9_goes_beyond_masking():
+    text = answer_text("Q9").lower()
+    for idea in ("automaton state", "tokenizer", "dead end", "mask"):
+        assert idea in text, idea
+
+
+def test_q11_counterexample_numbers_are_true():
+    text = answer_text("Q11")
+    probs = [0.45, 0.30, 0.15, 0.10]
+    assert "[0.45, 0.30, 0.15, 0.10]" in text
+    k_then_p = support(top_p_filter(top_k_filter(probs, 3), 0.8))
+    p_then_k = support(top_k_filter(top_p_filter(probs, 0.8), 3))
+    assert (k_then_p, p_then_k) == ([0, 1], [0, 1, 2])
+    assert r"\{0, 1\}" in text and r"\{0, 1, 2\}" in text
+
+
+def test_q19_lists_every_sizing_input_and_the_exercise_numbers():
+    text = answer_text("Q19").lower()
+    for idea in ("arrival rate", "goodput", "slo", "planning utilisation", "n+1", "failure domain", "peak"):
+        assert idea in text, idea
+    result = solve_design()
+    assert f"{result.peak_rate:.2f} req/s" in text
+    assert f"{result.plan.serving} + {result.plan.spare} replicas" in text
+
+
+def test_q21_names_the_three_effects():
+    text = answer_text("Q21").lower()
+    for idea in ("longer iterations", "occupied capacity", "preemption risk"):
+        assert idea in text, idea
+
+
+def test_q24_best_of_n_numbers_match_the_library():
+    text = answer_text("Q24")
+    assert best_of_n_kv_tokens(2000, 300, 8) == 4400 and "4400" in text
+    assert best_of_n_kv_tokens(2000, 300, 8, shared_prefix=False) == 18_400 and "18,400" in text
+    assert "refcount" in text.lower() and "reservation" in text.lower()
+
+
+def test_worked_examples_in_l1_and_l2_match_the_library():
+    assert support(top_p_filter([0.4, 0.3, 0.2, 0.1], 0.65)) == [0, 1]
+    assert "tokens 0 and 1 survive" in answer_text("Q6")
+    assert block_alloc_slots([1, 5], 4) == (6, 12) and "6 logical but 12 allocated" in answer_text("Q7")
+    abc = [Request("A", 0, 1), Request("B", 0, 4), Request("C", 0, 1)]
+    continuous, _ = simulate_batching(abc, 2, "continuous")
+    static, _ = simulate_batching(abc, 2, "static")
+    q8 = squash(answer_text("Q8"))
+    assert continuous == {"A": 1, "B": 4, "C": 2} and "A=1, C=2, B=4" in q8
+    assert static == {"A": 1, "B": 4, "C": 5} and "A=1, B=4, C=5" in q8
+    probs = softmax([4.0, 3.0, 2.0, 1.0])
+    assert [round(float(x), 2) for x in probs] == [0.64, 0.24, 0.09, 0.03]
+    assert support(top_k_filter(probs, 2)) == support(top_p_filter(probs, 0.8)) == [0, 1]
+    assert "[0.64, 0.24, 0.09, 0.03]" in answer_text("P3")
+    buffer = StopStringBuffer(["###"])
+    assert [buffer.push(c) for c in ("ok #", "#", "# more")] == ["ok ", "", ""]
+    assert '"ok #", "#", "# more"' in BANK.question("Q12").question
+    scenario = chunked_prefill_scenario()
+    whole = simulate_iterations(scenario.requests, scenario.tokens_per_tick)
+    chunked = simulate_iterations(scenario.requests, scenario.tokens_per_tick, scenario.chunked_budget)
+    gaps = (whole.max_decode_gap(), chunked.max_decode_gap())
+    ttfts = (whole.ttft(scenario.long_prompt), chunked.ttft(scenario.long_prompt))
+    q15 = squash(answer_text("Q15"))
+    assert f"from {gaps[0]} ticks to {gaps[1]}" in q15 and f"from {ttfts[0]} to {ttfts[1]} ticks" in q15
+
+
+# ------------------------------------------------------------------------ design exercise
+
+
+def test_design_defaults_reproduce_the_exercise():
+    result = solve_design()
+    assert round(result.peak_rate, 2) == 14.58
+    assert (result.plan.serving, result.plan.total) == (6, 7)
+    assert result.kv_gib_per_request == 1.40625 and result.kv_gib_reserved == 67.5
+    assert [round(x, 2) for x in (result.hosted.per_1000_requests, result.hosted.per_1000_useful,
+                                  result.owned.per_1000_requests)] == [7.82, 8.07, 16.61]
+    values = dict((q, v) for q, v, _ in design_rows(result))
+    assert values["Total replicas"] == "6 + 1 = 7" and values["Owned, per 1,000 requests"] == "$16.61"
+
+
+def test_design_assumptions_are_editable():
+    slower = solve_design(DesignAssumptions(per_replica_rate=2.0))
+    assert slower.plan.serving == 11  # ceil(14.58 / 1.4)
+    assert slower.owned.per_1000_requests > solve_design().owned.per_1000_requests
+    with pytest.raises(TypeError, match="assumptions"):
+        solve_design({"per_replica_rate": 2.0})
+
+
+# ------------------------------------------------------------------------ rendering
+
+
+def test_question_myst_folds_the_answer_in_a_solution_dropdown():
+    q = BANK.question("Q9")
+    text = question_myst(q, root=None)
+    exercise, solution = text.split("````{solution}")
+    assert "{exercise} Q9" in exercise and q.question in exercise and q.answer.framework not in exercise
+    assert ":class: dropdown" in solution and q.answer.framework in solution and q.code in solution
+
+
+def test_tier_myst_holds_exactly_that_tier():
+    text = tier_myst(BANK, "L3", "core", root=None)
+    ids = re.findall(r"\{exercise\} (Q\d+)", text)
+    assert ids == [q.id for q in CORE if q.tier == "L3"]
+
+
+def test_chapter_link_resolves_labels_pages_or_plain_text(tmp_path):
+    q = BANK.question("Q6")  # ch03-sampling#ch03-truncation
+    assert chapter_link(q, None) == "§3.3 (ch03-sampling)"
+    (tmp_path / "_toc.yml").write_text("root: book/intro\n")
+    (tmp_path / "book").mkdir()
+    assert chapter_link(q, tmp_path) == "§3.3 (ch03-sampling)"
+    page = tmp_path / "book" / "ch03-sampling.md"
+    page.write_text("# Sampling\n")
+    assert chapter_link(q, tmp_path) == "[§3.3 (ch03-sampling)](../book/ch03-sampling.md)"
+    page.write_text("# Sampling\n\n(ch03-truncation)=\n## Truncation\n")
+    assert chapter_link(q, tmp_path) == "{ref}`§3.3 (ch03-sampling) <ch03-truncation>`"
+
+
+# ------------------------------------------------------------------------ export round trip
+
+
+def _no_answer_text(raw: str, questions) -> None:
+    flat = squash(raw)
+    for q in questions:
+        for piece in q.answer.texts():
+            assert squash(piece)[:50] not in flat, (q.id, piece[:50])
+        assert q.code not in flat, q.id
+
+
+@pytest.mark.parametrize("selection", [{"tiers": ["L1", "L2"]}, {"ids": ["Q1", "Q9", "P3"]}])
+def test_export_round_trip_and_student_files_hold_no_answer(tmp_path, selection):
+    questions = BANK.select(**selection)
+    paths = export_assignment(questions, tmp_path)
+    assert sorted(p.name for p in paths) == ["answer-key.ipynb", "answer-key.md", "assignment.ipynb", "assignment.md"]
+    for reader, suffix in ((read_markdown, ".md"), (read_notebook, ".ipynb")):
+        student = reader(tmp_path / f"assignment{suffix}")
+        key = reader(tmp_path / f"answer-key{suffix}")
+        for records in (student, key):
+            assert [(r.id, r.title, r.question) for r in records] == [(q.id, q.title, q.question) for q in questions]
+        assert all(r.answer is None for r in student)
+        for record, q in zip(key, questions):
+            assert q.answer.framework in record.answer and q.answer.mistakes[-1] in record.answer
+            assert q.code in record.answer
+    _no_answer_text((tmp_path / "assignment.md").read_text(), questions)
+    nb = nbformat.read(str(tmp_path / "assignment.ipynb"), as_version=4)
+    nbformat.validate(nb)
+    _no_answer_text("\n".join(c.source for c in nb.cells), questions)
+    assert {c.metadata["servelab"]["role"] for c in nb.cells} == {"title", "question", "response"}
+
+
+def test_export_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="formats"):
+        export_assignment(CORE[:1], tmp_path, formats=["pdf"])
+    with pytest.raises(ValueError, match="questions"):
+        export_assignment([], tmp_path)
+    with pytest.raises(ValueError, match="unknown question ids"):
+        BANK.select(ids=["Q1", "Q99"])
+    with pytest.raises(ValueError, match="tiers"):
+        BANK.select(tiers=["L9"])
+
+
+def test_cli_export(tmp_path, capsys):
+    assert cli(["export", "--questions", "Q1,Q9", "--format", "markdown", "--out", str(tmp_path / "a")]) == 0
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["answer-key.md", "assignment.md"]
+    assert [r.id for r in read_markdown(tmp_path / "a" / "assignment.md")] == ["Q1", "Q9"]
+    assert cli(["export", "--tiers", "L3", "--format", "notebook", "--out", str(tmp_path / "b")]) == 0
+    assert [r.id for r in read_notebook(tmp_path / "b" / "assignment.ipynb")] == [f"Q{i}" for i in range(19, 26)]
+    assert cli(["export", "--questions", "Q99", "--out", str(tmp_path / "c")]) == 2
+    assert "Q99" in capsys.readouterr().err
+
+
+def test_label_defined_accepts_directive_labels(tmp_path):
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "ch05-scheduling.md").write_text("```{exercise}\n:label: ch05-long-generation-x\n```\n")
+    assert not label_defined(tmp_path, "ch05-scheduling", "ch05-long-generation")
+    (tmp_path / "book" / "ch05-scheduling.md").write_text("```{figure} a.png\n:name: ch05-long-generation\n```\n")
+    assert label_defined(tmp_path, "ch05-scheduling", "ch05-long-generation")
+
+
+def test_interview_notebook_renders_every_question():
+    nb = nbformat.read(str(ROOT / "notebooks" / "ch09-interview.ipynb"), as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    rendered = set(re.findall(r'tier_myst\(bank, "(L\d)", "([a-z-]+)", root\)', code))
+    assert {(q.tier, q.set) for q in BANK.questions} <= rendered
+    myst_cells = [c for c in nb.cells if "tier_myst(bank" in c.source or "design_exercise_myst(" in c.source]
+    assert myst_cells and all(c.metadata["mystnb"]["markdown_format"] == "myst" for c in myst_cells)
+    assert "design_exercises[0]" in code
