@@ -1,0 +1,85 @@
+"""Engine configuration: every knob the scheduler, KV cache and model runner read, validated once.
+
+System boundary: plain values only. Nothing here touches the model or the device; the model runner turns
+``kv_cache_memory_bytes`` (or ``num_blocks``) into a block pool, the scheduler reads the budgets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servelab.engine.policy import POLICIES
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Knobs of one :class:`~servelab.engine.LLMEngine`.
+
+    Attributes:
+        block_size: tokens per KV block (the paging granularity).
+        num_blocks: physical KV blocks in the device pool; ``None`` sizes the pool from
+            ``kv_cache_memory_bytes``.
+        kv_cache_memory_bytes: memory budget (bytes) for K and V of all layers when ``num_blocks`` is None.
+        max_num_seqs: most sequences in one forward pass (batch slots).
+        max_num_batched_tokens: per-iteration token budget shared by prefill chunks and decode tokens.
+        enable_chunked_prefill: split a long prompt over several iterations when it exceeds the budget
+            left in this iteration; off, a prompt is prefilled in one iteration or waits.
+        enable_prefix_caching: reuse the KV of identical full-block token prefixes across requests.
+        preemption_mode: ``"recompute"`` (drop the KV, prefill again later) or ``"swap"`` (copy the KV
+            to host memory and back).
+        swap_space_bytes: host memory (bytes) for swapped-out KV; when full, preemption recomputes.
+        policy: queue order and victim choice, a name in ``servelab.engine.policy.POLICIES``: ``"fcfs"``
+            (arrival), ``"priority"`` (lower value first, then arrival) or ``"sjf"`` (fewest tokens left
+            under ``max_tokens`` first).
+        max_model_len: context limit in tokens (prompt + output); ``None`` uses the model's
+            ``max_position_embeddings``.
+        device: torch device string; ``None`` picks CUDA when available, else CPU.
+        dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; ``None`` picks bf16 (or fp16) on CUDA and
+            fp32 on CPU.
+        seed: seeds the generator that draws a seed for each request that has none.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_memory_bytes: int = 64 * 2**20
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
+    swap_space_bytes: int = 256 * 2**20
+    policy: str = "fcfs"
+    max_model_len: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"):
+            _require_positive_int(name, getattr(self, name))
+        for name in ("num_blocks", "max_model_len"):
+            if getattr(self, name) is not None:
+                _require_positive_int(name, getattr(self, name))
+        if isinstance(self.swap_space_bytes, bool) or not isinstance(self.swap_space_bytes, int) \
+                or self.swap_space_bytes < 0:
+            raise ValueError(f"swap_space_bytes must be a non-negative integer, got {self.swap_space_bytes!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {tuple(POLICIES)}, got {self.policy!r}")
+        if self.device is not None and not isinstance(self.device, str):
+            raise TypeError(f"device must be a str such as 'cpu' or 'cuda' or None, got {self.device!r}")
+        if self.dtype not in (None, "float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
+        if not isinstance(self.seed, int):
+            raise TypeError(f"seed must be an int, got {self.seed!r}")
+
+
+def _require_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

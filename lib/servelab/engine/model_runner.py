@@ -1,0 +1,129 @@
+"""The model runner: owns the device KV pool and turns one scheduled batch into logits.
+
+One forward pass takes a flat list of tokens from many sequences (prefill chunks and decode tokens
+mixed), with each token's absolute position. The paged attention backend writes their K/V into the
+pool and reads each sequence's history through its block table. Only the positions whose next token is
+sampled go through the LM head.
+
+System boundary: tensors in, float32 logits ``[sampled_rows, vocab]`` out. It also implements the
+scheduler's :class:`~servelab.engine.scheduler.KVMover` (copy-on-write copies, swap out to host memory
+and back) because those move bytes of the pool it owns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from servelab.engine.attention import KVCache, PagedAttention, build_metadata
+from servelab.engine.config import EngineConfig
+from servelab.lifecycle import SlotPool
+from servelab.model.llama import LlamaForCausalLM
+
+
+def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    """The configured device and dtype, or the defaults: CUDA in bf16 (fp16 if bf16 is unsupported),
+    else CPU in fp32."""
+    try:
+        device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as exc:
+        raise ValueError(f"device must be a torch device string such as 'cpu' or 'cuda:0', "
+                         f"got {config.device!r}") from exc
+    if config.dtype is not None:
+        return device, getattr(torch, config.dtype)
+    if device.type == "cuda":
+        return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return device, torch.float32
+
+
+class HostSwapSpace(SlotPool):
+    """Host memory for swapped-out KV, counted in blocks and owned per sequence id.
+
+    A :class:`~servelab.lifecycle.SlotPool` whose units are blocks' worth of host memory, so the
+    lifecycle's ``reclaim`` releases it like any other pool; releasing also drops the stored tensors.
+    """
+
+    def __init__(self, capacity_blocks: int) -> None:
+        super().__init__(capacity_blocks)
+        self._data: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def store(self, owner: str, cache: KVCache, blocks: list[int]) -> bool:
+        """Copy ``blocks`` of ``cache`` to host memory for ``owner``; False (nothing copied) when full."""
+        if not self.acquire(owner, len(blocks)):
+            return False
+        self._data[owner] = cache.read_blocks(blocks)
+        return True
+
+    def take(self, owner: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hand back ``owner``'s K and V host copies and free their space."""
+        data = self._data.pop(owner)
+        super().release(owner)
+        return data
+
+    def release(self, owner: str) -> int:
+        """Free everything ``owner`` holds, stored tensors included; returns the blocks released."""
+        self._data.pop(owner, None)
+        return super().release(owner)
+
+
+class ModelRunner:
+    """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``num_blocks`` blocks.
+
+    The model is moved to the configured device and dtype in place. The pool holds ``num_blocks`` blocks:
+    ``config.num_blocks``, or as many as ``config.kv_cache_memory_bytes`` pays for
+    (``bytes_per_block = 2 * layers * block_size * kv_heads * head_dim * bytes_per_element``).
+    """
+
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
+        self.device, self.dtype = resolve_device_dtype(config)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        cfg = model.config
+        self.block_size = config.block_size
+        shape = (cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.bytes_per_block = KVCache.bytes_per_block(*shape, dtype=self.dtype)
+        self.num_blocks = config.num_blocks or max(1, config.kv_cache_memory_bytes // self.bytes_per_block)
+        self.cache = KVCache(cfg.num_hidden_layers, self.num_blocks, config.block_size,
+                             cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
+        self.backend = PagedAttention(self.cache)
+        swap_blocks = config.swap_space_bytes // self.bytes_per_block
+        self.host_swap = HostSwapSpace(swap_blocks) if swap_blocks else None
+
+    @torch.inference_mode()
+    def execute(self, rows: list[tuple[list[int], int, list[int], bool]]) -> torch.Tensor:
+        """One forward pass. Each row is ``(token_ids, start_position, block_table, sample)``.
+
+        Returns float32 logits ``[number of rows with sample=True, vocab]``, in row order.
+        """
+        ids = [t for tokens, _, _, _ in rows for t in tokens]
+        positions = [p for tokens, start, _, _ in rows for p in range(start, start + len(tokens))]
+        meta_rows = [(start, len(tokens), table) for tokens, start, table, _ in rows]
+        last_index, offset = [], 0
+        for tokens, _, _, sample in rows:
+            offset += len(tokens)
+            if sample:
+                last_index.append(offset - 1)
+        self.backend.metadata = build_metadata(meta_rows, self.block_size, self.device, self.dtype)
+        try:
+            hidden = self.model.hidden_states(torch.tensor(ids, device=self.device),
+                                              torch.tensor(positions, device=self.device), self.backend)
+        finally:
+            self.backend.metadata = None
+        picked = hidden[torch.tensor(last_index, device=self.device, dtype=torch.long)]
+        return self.model.lm_head(picked).float()
+
+    # ------------------------------------------------------------------------------- KVMover
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: physical block ``src`` -> ``dst`` in every layer."""
+        self.cache.copy_blocks(pairs)
+
+    def swap_out(self, seq_id: str, blocks: list[int]) -> bool:
+        """Copy ``blocks`` (the sequence's computed KV, in table order) to host memory.
+
+        Returns False, copying nothing, when there is no host swap space or it is full.
+        """
+        return self.host_swap is not None and self.host_swap.store(seq_id, self.cache, blocks)
+
+    def swap_in(self, seq_id: str, blocks: list[int]) -> None:
+        """Write the host copy of ``seq_id`` into ``blocks`` (fresh blocks, same order) and free it."""
+        k, v = self.host_swap.take(seq_id)
+        self.cache.write_blocks(blocks, k, v)

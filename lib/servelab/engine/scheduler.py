@@ -1,0 +1,310 @@
+"""The scheduler: one :meth:`Scheduler.schedule` call is one scheduler tick.
+
+A tick decides what the next forward pass computes, under three limits at once:
+
+* ``max_num_seqs`` batch slots (sequences holding KV blocks and running);
+* ``max_num_batched_tokens``, the per-iteration token budget shared by decode tokens (1 per running
+  sequence) and prefill chunks (chunked prefill cuts a long prompt into budget-sized pieces);
+* the KV block pool (``servelab.kv.BlockAllocator``): admission looks up the cached prefix, reserves the
+  blocks of the miss range and allocates the prompt; a decode step that needs a new block and finds none
+  preempts the lowest-ranked running sequence (recompute: drop its KV; swap: copy it to host memory).
+
+Order of a tick: swap-ins (in policy order) -> running sequences in policy order (each gets its decode
+token or next prefill chunk; those the token budget cannot reach are *descheduled* for the tick: they
+keep their KV, so this frees compute, not memory) -> admissions from the waiting queue in policy order.
+Admission stops for the tick once anything was preempted or is still swapped out, so freed memory goes
+back to the victims first.
+
+System boundary: the scheduler moves block ids and sequences. Bytes move through the :class:`KVMover`
+it is given (copy-on-write, swap out/in), always before the blocks involved can be reused. It never runs
+the model or samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from servelab.engine.config import EngineConfig
+from servelab.engine.policy import POLICIES
+from servelab.engine.sequence import Sequence, SeqStatus
+from servelab.kv import BlockAllocator, BlockCopy, OutOfBlocks
+from servelab.lifecycle import SlotPool
+
+
+class KVMover(Protocol):
+    """Moves KV bytes between physical blocks and host memory (implemented by the model runner)."""
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy physical block ``src`` into ``dst`` for each pair, now."""
+
+    def swap_out(self, seq_id: str, blocks: list[int]) -> bool:
+        """Copy ``blocks`` to host memory under ``seq_id``; False (nothing copied) when host space is full."""
+
+    def swap_in(self, seq_id: str, blocks: list[int]) -> None:
+        """Write ``seq_id``'s host copy into ``blocks`` and release its host space."""
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Compute ``num_tokens`` tokens of sequence ``seq_id`` from position ``start``.
+
+    ``sample`` is True when the chunk reaches the sequence's last known token, so its logits give the
+    next token (the last prefill chunk, or a decode step).
+    """
+
+    seq_id: str
+    start: int
+    num_tokens: int
+    sample: bool
+
+
+@dataclass
+class SchedulerOutput:
+    """What one tick decided. Lists hold sequence ids; counts are tokens or blocks as named."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)  # by recompute: KV dropped
+    swapped_out: list[str] = field(default_factory=list)
+    swapped_in: list[str] = field(default_factory=list)
+    descheduled: list[str] = field(default_factory=list)  # running, KV kept, but no tokens this tick
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) done this tick
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens in the forward pass this tick decided."""
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to compute this tick."""
+        return not self.chunks
+
+
+class Scheduler:
+    """Continuous batching over the waiting, running and swapped queues."""
+
+    def __init__(self, config: EngineConfig, allocator: BlockAllocator, mover: KVMover, slots: SlotPool) -> None:
+        self.config = config
+        self.allocator = allocator
+        self.mover = mover
+        self.slots = slots  # batch slots: one per sequence holding device KV (max_num_seqs)
+        self.key = POLICIES[config.policy]  # sort key: smaller runs first, is preempted last
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
+        # Physical blocks whose every slot holds computed KV. The allocator registers prompt blocks in
+        # its prefix cache when they are allocated, before the model has written them; a prefix hit is
+        # only used once the blocks it names are in this set.
+        self._valid_blocks: set[int] = set()
+
+    # ------------------------------------------------------------------------------- queue membership
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new request for admission."""
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def drop(self, seq: Sequence) -> None:
+        """Take ``seq`` out of every queue (its resources are released by the lifecycle's reclaim)."""
+        for queue in (self.waiting, self.running, self.swapped):
+            if seq in queue:
+                queue.remove(seq)
+        seq.status = SeqStatus.FINISHED
+
+    # ------------------------------------------------------------------------------- the tick
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide the next forward pass; see the module docstring for the order of decisions."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        self._swap_in(out)
+        self.running.sort(key=self.key)
+        budget = self._schedule_running(out, budget)
+        scheduled = {c.seq_id for c in out.chunks}
+        out.descheduled = [s.seq_id for s in self.running if s.seq_id not in scheduled]
+        if not out.preempted and not out.swapped_out and not self.swapped:
+            self._admit_waiting(out, budget)
+        return out
+
+    def commit(self, chunk: ScheduledChunk, seq: Sequence) -> None:
+        """Record that the forward pass computed ``chunk``: advance ``num_computed``, mark full blocks valid."""
+        old = seq.num_computed
+        seq.num_computed = chunk.start + chunk.num_tokens
+        table = self.allocator.block_table(seq.seq_id)
+        size = self.config.block_size
+        for i in range(old // size, seq.num_computed // size):
+            self._valid_blocks.add(table[i])
+
+    # ------------------------------------------------------------------------------- running sequences
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            count = self._chunk_size(seq, budget)
+            if count == 0:
+                i += 1
+                continue
+            if not self._ensure_slots(seq, seq.num_computed + count, out):
+                continue  # seq itself was preempted; the list shifted
+            self._add_chunk(out, seq, count)
+            budget -= count
+            i += 1
+        return budget
+
+    def _chunk_size(self, seq: Sequence, budget: int) -> int:
+        """Tokens of ``seq`` to compute this tick: all that remain, or a budget-sized chunk (0 = wait)."""
+        remaining = seq.num_uncomputed
+        if remaining <= budget:
+            return remaining
+        return budget if self.config.enable_chunked_prefill else 0
+
+    def _ensure_slots(self, seq: Sequence, upto: int, out: SchedulerOutput) -> bool:
+        """Allocate slots up to position ``upto`` for ``seq``, preempting others (or seq) when short.
+
+        Returns False when ``seq`` itself had to be preempted.
+        """
+        have = self.allocator.num_tokens(seq.seq_id)
+        if have >= upto:
+            return True
+        new_ids = seq.token_ids[have:upto]
+        while True:
+            try:
+                copies = self.allocator.append_tokens(seq.seq_id, new_ids)
+            except OutOfBlocks:
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    return False
+                continue
+            self._execute_copies(copies, out)
+            if self._blocks_for(upto) > self._blocks_for(have):  # blocks fresh off the free list
+                self._valid_blocks.difference_update(self.allocator.block_table(seq.seq_id)[self._blocks_for(have):])
+            return True
+
+    def _add_chunk(self, out: SchedulerOutput, seq: Sequence, count: int) -> None:
+        out.chunks.append(ScheduledChunk(seq.seq_id, seq.num_computed, count,
+                                         sample=seq.num_computed + count == seq.num_tokens))
+
+    # ------------------------------------------------------------------------------- preemption
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Free ``seq``'s device blocks: swap its computed KV to host memory if configured and possible,
+        otherwise drop it (recompute later)."""
+        self.running.remove(seq)
+        self.slots.release(seq.seq_id)
+        computed_blocks = self.allocator.block_table(seq.seq_id)[:self._blocks_for(seq.num_computed)]
+        swapped = (self.config.preemption_mode == "swap" and seq.num_computed > 0
+                   and self.mover.swap_out(seq.seq_id, computed_blocks))
+        self.allocator.free(seq.seq_id)
+        if swapped:
+            seq.status = SeqStatus.SWAPPED
+            self.swapped.append(seq)
+            out.swapped_out.append(seq.seq_id)
+        else:
+            seq.num_computed = 0
+            seq.status = SeqStatus.WAITING
+            self.waiting.append(seq)
+            out.preempted.append(seq.seq_id)
+
+    def _swap_in(self, out: SchedulerOutput) -> None:
+        """Bring swapped sequences back while batch slots and blocks allow, best-ranked first."""
+        self.swapped.sort(key=self.key)
+        while self.swapped and self.slots.available:
+            seq = self.swapped[0]
+            need = self._blocks_for(seq.num_tokens)  # its KV plus the slots of its next chunk
+            if not self.allocator.reserve(seq.seq_id, need):
+                return
+            self.slots.acquire(seq.seq_id)
+            blocks = self.allocator.restore(seq.seq_id, seq.num_computed, seq.token_ids[:seq.num_computed],
+                                            namespace=seq.namespace)
+            self.allocator.release_reservation(seq.seq_id)
+            self.mover.swap_in(seq.seq_id, blocks)
+            self._valid_blocks.difference_update(blocks)
+            self._valid_blocks.update(blocks[:seq.num_computed // self.config.block_size])
+            self.swapped.pop(0)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.swapped_in.append(seq.seq_id)
+
+    # ------------------------------------------------------------------------------- admission
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        self.waiting.sort(key=self.key)
+        for seq in list(self.waiting):
+            if budget == 0 or not self.slots.available:
+                return
+            admitted = self._try_admit(seq, budget, out)
+            if admitted is None:
+                return  # no room: later requests must not overtake this one
+            if admitted:
+                budget -= out.chunks[-1].num_tokens
+
+    def _try_admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool | None:
+        """Admit ``seq`` and schedule its first chunk. True: admitted; False: skipped this tick (its cached
+        prefix is still being computed by another sequence); None: no room (blocks or token budget)."""
+        tokens = seq.token_ids
+        if (not self.config.enable_chunked_prefill
+                and len(tokens) - self.allocator.lookup_prefix(tokens, seq.namespace) > budget):
+            return None
+        need = self.allocator.num_blocks_to_allocate(tokens, seq.namespace)
+        if not self.allocator.reserve(seq.seq_id, need):
+            return None
+        try:
+            allocation = self.allocator.allocate_prompt(seq.seq_id, tokens, seq.namespace)
+        except OutOfBlocks:  # the copy-on-write source of a full hit may be the last free block
+            return None
+        finally:
+            self.allocator.release_reservation(seq.seq_id)
+        table = self.allocator.block_table(seq.seq_id)
+        self._execute_copies(allocation.copies, out)
+        cached = self._usable_prefix(table, allocation.num_cached_tokens, allocation.copies)
+        if cached is None:
+            self.allocator.free(seq.seq_id)
+            return False
+        self._mark_fresh(table, allocation.num_cached_tokens)
+        count = min(len(tokens) - cached, budget)
+        self.waiting.remove(seq)
+        self.slots.acquire(seq.seq_id)
+        seq.num_computed = cached
+        if seq.num_cached_prompt is None:
+            seq.num_cached_prompt = min(cached, len(seq.prompt_ids))
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        out.admitted.append(seq.seq_id)
+        self._add_chunk(out, seq, count)
+        return True
+
+    def _usable_prefix(self, table: list[int], num_cached: int, copies: tuple[BlockCopy, ...]) -> int | None:
+        """How many cached tokens may really be skipped, given which hit blocks hold computed KV.
+
+        A hit block that is not valid yet and is shared with a running sequence is being computed right
+        now: wait for it (None). One that nobody else holds was abandoned before it was computed: compute
+        from its start.
+        """
+        size = self.config.block_size
+        hit_blocks = table[:num_cached // size] + [c.src for c in copies]
+        for index, block in enumerate(hit_blocks):
+            if block in self._valid_blocks:
+                continue
+            in_use = self.allocator.refcount(block) > (1 if index < num_cached // size else 0)
+            return None if in_use else index * size
+        return num_cached
+
+    def _mark_fresh(self, table: list[int], num_cached: int) -> None:
+        """Blocks after the prefix hit were just taken from the free list: their old content is gone."""
+        self._valid_blocks.difference_update(table[num_cached // self.config.block_size:])
+
+    # ------------------------------------------------------------------------------- helpers
+
+    def _execute_copies(self, copies: tuple[BlockCopy, ...], out: SchedulerOutput) -> None:
+        """Copy-on-write now: the source may be a free cached block that the next allocation reuses."""
+        pairs = [(c.src, c.dst) for c in copies]
+        self.mover.copy_blocks(pairs)
+        self._valid_blocks.difference_update(dst for _, dst in pairs)  # a copied tail is partial: not valid
+        out.copies.extend(pairs)
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.config.block_size)

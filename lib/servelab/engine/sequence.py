@@ -1,0 +1,107 @@
+"""One request inside the engine: its tokens, how much of them the KV cache holds, and its timestamps.
+
+Vocabulary (all counts in tokens):
+
+* ``token_ids`` = prompt ids + generated ids so far;
+* ``num_computed`` = leading tokens whose K/V are in the cache (committed KV). A sequence in decode has
+  ``num_computed == num_tokens - 1``: the newest sampled token still has to run through the model;
+* ``num_cached_prompt`` = prompt tokens that a prefix-cache hit supplied at first admission.
+
+System boundary: plain bookkeeping, no tensors. The scheduler moves sequences between its queues, the
+engine appends sampled tokens and turns them into text.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from servelab.sampling import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    """Where the scheduler holds a sequence."""
+
+    WAITING = "waiting"  # queued for (re)admission; holds no KV blocks
+    RUNNING = "running"  # holds KV blocks in the device pool
+    SWAPPED = "swapped"  # its KV lives in host memory; holds no device blocks
+    FINISHED = "finished"  # reclaimed; holds nothing
+
+
+@dataclass
+class SequenceTimes:
+    """Timestamps in seconds from the engine's clock (one boundary: the engine's API)."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    emits: list[float] = field(default_factory=list)  # one per token id handed to the client
+    finish: float | None = None
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request as the scheduler and model runner see it."""
+
+    seq_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival_index: int  # tie-breaker that makes queue order total and deterministic
+    times: SequenceTimes
+    generator: torch.Generator
+    namespace: str = ""
+    priority: int = 0
+    deadline: float | None = None  # absolute time on the engine's clock
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached_prompt: int | None = None  # set at first admission
+    status: SeqStatus = SeqStatus.WAITING
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt ids followed by the generated ids."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens still to run through the model before the next sample (1 in steady decode)."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def remaining_budget(self) -> int:
+        """Tokens it may still generate under ``max_tokens``."""
+        return self.params.max_tokens - len(self.output_ids)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas, decoding only a short window each time.
+
+    A byte-level tokenizer may split one UTF-8 character over several tokens; until the rest arrives the
+    decoded text ends in U+FFFD, so that tail is held back rather than sent and then contradicted. The
+    window starts at the last token whose text was already returned (``_prefix``): decoding
+    ``ids[_prefix:]`` and dropping the text of ``ids[_prefix:_read]`` gives exactly the new text, at a
+    cost independent of the output length.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.text = ""  # all text returned so far
+        self._prefix = 0  # window start: context for the tokens not yet returned
+        self._read = 0  # ids before this index have had their text returned
+
+    def update(self, token_ids: list[int], final: bool = False) -> str:
+        """New text for ``token_ids`` (all generated ids so far); ``final`` releases a held tail."""
+        seen = self.tokenizer.decode(token_ids[self._prefix:self._read])
+        window = self.tokenizer.decode(token_ids[self._prefix:])
+        if (window.endswith("\ufffd") and not final) or len(window) <= len(seen):
+            return ""
+        delta = window[len(seen):]
+        self._prefix, self._read = self._read, len(token_ids)
+        self.text += delta
+        return delta

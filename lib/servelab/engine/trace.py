@@ -1,0 +1,65 @@
+"""Per-iteration trace: one plain record per engine step, for notebooks to tabulate and draw.
+
+System boundary: records what the engine decided and measured at each step (times in seconds on the
+engine's clock, counts in tokens or blocks as named). It never influences scheduling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class StepRecord:
+    """One engine iteration (one scheduler tick plus its forward pass).
+
+    Attributes:
+        step: iteration number, from 0.
+        start, end: clock readings (seconds) around the whole step.
+        prefill_tokens: sequence id -> prompt (or recompute) tokens computed this step.
+        decode_tokens: sequence id -> decode tokens computed this step (always 1).
+        positions: sequence id -> ``(start, end)``: the token positions computed this step (end exclusive).
+        admitted: sequences that got KV blocks this step (new or readmitted after recompute).
+        preempted: sequences whose KV was dropped (recompute later).
+        swapped_out, swapped_in: sequences whose KV moved to / from host memory.
+        descheduled: running sequences skipped this step (token budget spent); they kept their KV.
+        finished: sequence id -> finish reason, for requests that ended during this step.
+        blocks_used, blocks_free: device KV blocks with refcount > 0 / == 0, after the step.
+        blocks_shared: blocks with refcount > 1 (prefix sharing), after the step.
+        blocks_cached: free blocks still holding a reusable prefix-cache entry, after the step.
+        num_waiting, num_running, num_swapped: queue lengths after the step.
+    """
+
+    step: int
+    start: float
+    end: float = 0.0
+    prefill_tokens: dict[str, int] = field(default_factory=dict)
+    decode_tokens: dict[str, int] = field(default_factory=dict)
+    positions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    admitted: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    swapped_out: list[str] = field(default_factory=list)
+    swapped_in: list[str] = field(default_factory=list)
+    descheduled: list[str] = field(default_factory=list)
+    finished: dict[str, str] = field(default_factory=dict)
+    blocks_used: int = 0
+    blocks_free: int = 0
+    blocks_shared: int = 0
+    blocks_cached: int = 0
+    num_waiting: int = 0
+    num_running: int = 0
+    num_swapped: int = 0
+
+    @property
+    def duration(self) -> float:
+        """Seconds the step took."""
+        return self.end - self.start
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens in this step's forward pass."""
+        return sum(self.prefill_tokens.values()) + sum(self.decode_tokens.values())
+
+    def to_dict(self) -> dict:
+        """Plain dict (JSON-ready) with the derived ``duration`` and ``num_batched_tokens`` added."""
+        return {**asdict(self), "duration": self.duration, "num_batched_tokens": self.num_batched_tokens}

@@ -1,0 +1,77 @@
+"""``python -m servelab.server``: serve the shipped Shakespeare model (or a checkpoint folder) over HTTP.
+
+Examples::
+
+    python -m servelab.server                                   # http://127.0.0.1:8000/v1, open access
+    python -m servelab.server --port 8001 --api-key sk-a=alice --api-key sk-b=bob --rate 5 --burst 10
+    python -m servelab.server --model-dir path/to/llama --max-num-seqs 16 --num-blocks 512
+
+Stop it with Ctrl-C; every request in flight is cancelled and its KV freed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from aiohttp import web
+
+from servelab.server.app import DEFAULT_MODEL_NAME, ServerConfig, create_app
+from servelab.server.gate import TenantLimits
+
+
+def _api_key(text: str) -> tuple[str, str]:
+    key, sep, tenant = text.partition("=")
+    if not sep or not key or not tenant:
+        raise argparse.ArgumentTypeError(f"--api-key must look like KEY=TENANT, got {text!r}")
+    return key, tenant
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m servelab.server", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="Llama checkpoint folder (default: the shipped Shakespeare model)")
+    parser.add_argument("--model-name", default=None,
+                        help=f"name clients send as 'model' (default: {DEFAULT_MODEL_NAME}, or the folder name)")
+    parser.add_argument("--api-key", type=_api_key, action="append", default=None, metavar="KEY=TENANT",
+                        help="accept this key for this tenant (repeatable); without any, access is open")
+    parser.add_argument("--rate", type=float, default=20.0, help="requests/s per tenant (token bucket rate)")
+    parser.add_argument("--burst", type=float, default=40.0, help="requests a tenant may send at once")
+    parser.add_argument("--token-quota", type=int, default=None, help="tokens per tenant per quota window")
+    parser.add_argument("--quota-window", type=float, default=3600.0, help="quota window in seconds")
+    parser.add_argument("--max-body-bytes", type=int, default=64 * 1024, help="largest request body")
+    parser.add_argument("--max-waiting", type=int, default=64, help="bound of the queue of unscheduled requests")
+    parser.add_argument("--queue-timeout", type=float, default=10.0, help="queueing deadline in seconds")
+    parser.add_argument("--request-timeout", type=float, default=120.0, help="default and largest deadline_s")
+    parser.add_argument("--stream-buffer", type=int, default=64, help="unread chunks per request before cancelling")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="engine batch slots")
+    parser.add_argument("--num-blocks", type=int, default=None, help="engine KV blocks")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="engine token budget per step")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    from servelab.engine import LLMEngine
+
+    engine_kwargs = {name: value for name, value in (
+        ("max_num_seqs", args.max_num_seqs), ("num_blocks", args.num_blocks),
+        ("max_num_batched_tokens", args.max_num_batched_tokens), ("device", args.device)) if value is not None}
+    engine = LLMEngine.from_pretrained(args.model_dir, **engine_kwargs)
+    name = args.model_name or (args.model_dir.name if args.model_dir else DEFAULT_MODEL_NAME)
+    config = ServerConfig(
+        model_name=name, api_keys=dict(args.api_key) if args.api_key else None,
+        tenant_limits=TenantLimits(args.rate, args.burst, args.token_quota, args.quota_window),
+        max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting, queue_timeout_s=args.queue_timeout,
+        request_timeout_s=args.request_timeout, stream_buffer_chunks=args.stream_buffer)
+    print(f"serving {name!r} at http://{args.host}:{args.port}/v1 (Ctrl-C stops)")
+    web.run_app(create_app(engine, config), host=args.host, port=args.port, handler_cancellation=True,
+                shutdown_timeout=5.0, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,374 @@
+"""The bridge between the synchronous engine and the asyncio HTTP handlers.
+
+The engine is not thread-safe, and one ``step()`` blocks for a whole forward pass, so exactly one
+background thread owns it. Handlers never touch the engine: they send commands (add, cancel, call)
+through a thread-safe queue, and read the engine's outputs from a per-request :class:`RequestStream`.
+Between two steps the engine thread applies the commands, so a cancel (an explicit one, or a client
+disconnect noticed by the handler) frees the request's KV blocks before the next forward pass.
+
+Phase 2 of admission that is the server's job lives here:
+
+* the queue in front of the engine is bounded (``max_waiting`` requests not yet scheduled); a request
+  that finds it full is refused at once (:class:`Overloaded`, HTTP 503 with Retry-After) -- never an
+  unbounded queue;
+* a request that would have to queue for longer than its own deadline, judged by the recent queueing
+  delay, is refused the same way;
+* a request still unscheduled ``queue_timeout_s`` after it was submitted is cancelled and ends with
+  :class:`QueueTimeout` (503): the queueing deadline.
+
+The KV reservation itself is the engine scheduler's admission step.
+
+Backpressure policy: each stream buffers at most ``stream_capacity`` undelivered outputs. A client that
+reads slower than tokens are generated first fills the socket, then this buffer; when the buffer is
+full the engine thread **cancels** the request (freeing its KV and batch slot for readers that keep up)
+and ends the stream with :class:`SlowClient`. The engine has no pause state, and pausing would keep
+the KV of a reader that may never come back.
+
+System boundary: thread hand-off only; times are ``time.monotonic`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from servelab.engine import LLMEngine, RequestOutput
+from servelab.sampling import SamplingParams
+
+__all__ = ["BridgeError", "InvalidRequest", "QueueTimeout", "SlowClient", "EngineFailure", "Overloaded",
+           "RequestStream", "EngineBridge"]
+
+
+class BridgeError(Exception):
+    """Why the bridge ended a request instead of the engine finishing it."""
+
+
+class InvalidRequest(BridgeError):
+    """The engine refused the request in ``add_request`` (HTTP 400)."""
+
+
+class QueueTimeout(BridgeError):
+    """The request waited in the queue past its queueing deadline and was cancelled (HTTP 503).
+
+    ``retry_after_s`` is the bridge's estimate of the current queueing delay (at least 1 s).
+    """
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class SlowClient(BridgeError):
+    """The client read too slowly; its stream buffer filled and the request was cancelled."""
+
+
+class EngineFailure(BridgeError):
+    """The engine thread crashed or the server is shutting down (HTTP 500 / 503)."""
+
+
+class Overloaded(Exception):
+    """Refused at submission: the queue is full or the request would miss its deadline (HTTP 503)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class RequestStream:
+    """A bounded buffer of one request's outputs, filled by the engine thread, read by one handler.
+
+    :meth:`offer` (engine thread) refuses a non-final output once ``capacity`` outputs are unread;
+    :meth:`close` (engine thread) always appends the final item, an output or a :class:`BridgeError`,
+    so the buffer never holds more than ``capacity + 1`` items.
+    """
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, capacity: int) -> None:
+        self.request_id = request_id
+        self._loop = loop
+        self._capacity = capacity
+        self._items: deque[RequestOutput | BridgeError] = deque()
+        self._lock = threading.Lock()
+        self._ready = asyncio.Event()  # set only from the loop thread
+        self.closed = False
+
+    def offer(self, output: RequestOutput) -> bool:
+        """Append a non-final output; False (nothing appended) when the buffer is full."""
+        with self._lock:
+            if len(self._items) >= self._capacity:
+                return False
+            self._items.append(output)
+        self._wake()
+        return True
+
+    def close(self, final: RequestOutput | BridgeError) -> None:
+        """Append the last item: a finished output or the error that ended the request."""
+        with self._lock:
+            self._items.append(final)
+            self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._ready.set)
+        except RuntimeError:  # the event loop is closed: nobody is reading any more
+            pass
+
+    async def next(self) -> RequestOutput:
+        """The next output, waiting for it; raises the :class:`BridgeError` that ended the request."""
+        while True:
+            with self._lock:
+                if self._items:
+                    item = self._items.popleft()
+                    break
+                self._ready.clear()
+            await self._ready.wait()
+        if isinstance(item, BridgeError):
+            raise item
+        return item
+
+
+@dataclass
+class _Tracked:
+    """Engine-thread bookkeeping of one submitted request."""
+
+    stream: RequestStream
+    submitted: float
+    started: bool = False
+
+
+@dataclass
+class _Command:
+    kind: str  # "add", "cancel", "call" or "stop"
+    request_id: str = ""
+    args: tuple = ()
+    future: concurrent.futures.Future | None = None
+    tracked: _Tracked | None = field(default=None, repr=False)
+
+
+class EngineBridge:
+    """Runs ``engine`` in one background thread and connects it to asyncio handlers.
+
+    ``max_waiting``: requests submitted but not yet scheduled that the bridge accepts (the bounded
+    queue). ``queue_timeout_s``: how long one may stay unscheduled. ``stream_capacity``: undelivered
+    outputs per request before the slow-client policy cancels it.
+    """
+
+    def __init__(self, engine: LLMEngine, max_waiting: int = 64, queue_timeout_s: float = 10.0,
+                 stream_capacity: int = 64) -> None:
+        if not isinstance(engine, LLMEngine):
+            raise TypeError(f"engine must be an LLMEngine, got {type(engine).__name__}")
+        for name, value in (("max_waiting", max_waiting), ("stream_capacity", stream_capacity)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if (isinstance(queue_timeout_s, bool) or not isinstance(queue_timeout_s, (int, float))
+                or not queue_timeout_s > 0):
+            raise ValueError(f"queue_timeout_s must be a number > 0, got {queue_timeout_s!r}")
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.queue_timeout_s = float(queue_timeout_s)
+        self.stream_capacity = stream_capacity
+        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._waiting = 0  # submitted, not yet scheduled; guarded by _lock
+        self._closed = False  # set (under _lock) once the engine thread stops taking commands
+        self._lock = threading.Lock()
+        self._tracked: dict[str, _Tracked] = {}  # engine thread only
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.queue_delay_ewma_s = 0.0  # recent submit -> first scheduled delay (seconds)
+        self.failure: BaseException | None = None
+
+    # ------------------------------------------------------------------------ event-loop side
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the engine thread; streams wake handlers on ``loop``."""
+        if self._thread is not None:
+            raise RuntimeError("the bridge is already started")
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="servelab-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Cancel every request in flight, end their streams, and stop the engine thread."""
+        if self._thread is None:
+            return
+        self._commands.put(_Command("stop"))
+        self._thread.join(timeout_s)
+        self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine thread runs and has not failed."""
+        return self._thread is not None and self._thread.is_alive() and self.failure is None
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted and not yet scheduled (the bounded queue's length)."""
+        with self._lock:
+            return self._waiting
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, deadline_s: float | None = None,
+               namespace: str = "") -> RequestStream:
+        """Queue a request for the engine; returns its stream. Raises :class:`Overloaded` when refused.
+
+        ``deadline_s`` (seconds from now) is handed to the engine, which ends the request as timed out
+        when it passes. ``namespace`` isolates the prefix cache (the tenant).
+        """
+        retry = max(1.0, self.queue_delay_ewma_s)
+        request_id = f"srv-{uuid.uuid4().hex[:16]}"  # unique across bridges sharing an engine
+        tracked = _Tracked(RequestStream(request_id, self._loop, self.stream_capacity), time.monotonic())
+        with self._lock:  # checked and queued under the lock, so a stopping engine thread still answers it
+            if self._closed or self._thread is None:
+                raise EngineFailure("the engine is not running")
+            if self._waiting >= self.max_waiting:
+                raise Overloaded(f"the queue is full ({self.max_waiting} requests waiting)", retry)
+            if deadline_s is not None and self._waiting > 0 and self.queue_delay_ewma_s > deadline_s:
+                raise Overloaded(f"the recent queueing delay ({self.queue_delay_ewma_s:.2f} s) exceeds this "
+                                 f"request's deadline ({deadline_s:g} s)", retry)
+            self._waiting += 1
+            self._commands.put(_Command("add", request_id, (prompt_ids, params, deadline_s, namespace),
+                                        tracked=tracked))
+        return tracked.stream
+
+    def cancel(self, request_id: str) -> None:
+        """Ask the engine thread to cancel ``request_id``; a no-op once it has ended (idempotent)."""
+        self._commands.put(_Command("cancel", request_id))
+
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread between two steps and return its result."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._closed or self._thread is None:
+                raise EngineFailure("the engine is not running")
+            self._commands.put(_Command("call", args=(fn,), future=future))
+        return await asyncio.wrap_future(future)
+
+    # ------------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        try:
+            while self._apply(self._drain(block=not self.engine.has_unfinished())):
+                self._expire_queue()
+                if self.engine.has_unfinished():
+                    self._deliver(self.engine.step())
+                    self._mark_started()
+        except Exception as exc:  # a crashed engine fails every request in flight (FAILED path)
+            self.failure = exc
+            self._end_all(EngineFailure(f"the engine failed: {exc!r}"))
+            return
+        self._end_all(EngineFailure("the server is shutting down"))
+
+    def _drain(self, block: bool) -> list[_Command]:
+        commands = [self._commands.get()] if block else []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _apply(self, commands: list[_Command]) -> bool:
+        """Apply commands in order; False when a stop command was among them."""
+        running = True
+        for command in commands:
+            if command.kind == "stop":
+                running = False
+            elif command.kind == "add":
+                self._add(command)
+            elif command.kind == "cancel":
+                self._cancel(command.request_id, None)
+            elif command.kind == "call":
+                try:
+                    command.future.set_result(command.args[0](self.engine))
+                except Exception as exc:
+                    command.future.set_exception(exc)
+        return running
+
+    def _add(self, command: _Command) -> None:
+        prompt_ids, params, deadline_s, namespace = command.args
+        try:
+            self.engine.add_request(prompt_ids, params, request_id=command.request_id, deadline_s=deadline_s,
+                                    namespace=namespace)
+        except (ValueError, TypeError) as exc:
+            self._unqueue()
+            command.tracked.stream.close(InvalidRequest(str(exc)))
+            return
+        self._tracked[command.request_id] = command.tracked
+
+    def _cancel(self, request_id: str, error: BridgeError | None) -> None:
+        """Cancel in the engine (frees its KV now) and end the stream with ``error`` if given."""
+        tracked = self._tracked.pop(request_id, None)
+        if tracked is None:
+            return  # already ended, or never added
+        self.engine.cancel(request_id)
+        if not tracked.started:
+            self._unqueue()
+        if error is not None:
+            tracked.stream.close(error)
+
+    def _unqueue(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+
+    def _expire_queue(self) -> None:
+        now = time.monotonic()
+        for request_id, tracked in list(self._tracked.items()):
+            if not tracked.started and now - tracked.submitted > self.queue_timeout_s:
+                self._cancel(request_id, QueueTimeout(
+                    f"not scheduled within the queueing deadline of {self.queue_timeout_s:g} s",
+                    max(1.0, self.queue_delay_ewma_s)))
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            tracked = self._tracked.get(output.request_id)
+            if tracked is None:
+                continue  # the final output of a request the bridge itself cancelled
+            if output.finished:
+                del self._tracked[output.request_id]
+                if not tracked.started:
+                    self._unqueue()
+                tracked.stream.close(output)
+            elif output.delta and not tracked.stream.offer(output):
+                self._cancel(output.request_id, SlowClient(
+                    f"the client left {self.stream_capacity} chunks unread; request cancelled"))
+
+    def _mark_started(self) -> None:
+        """Requests no longer in the scheduler's waiting queue have been scheduled: they leave the bound."""
+        waiting = {seq.seq_id for seq in self.engine.scheduler.waiting}
+        now = time.monotonic()
+        for request_id, tracked in self._tracked.items():
+            if not tracked.started and request_id not in waiting:
+                tracked.started = True
+                self._unqueue()
+                delay = now - tracked.submitted
+                self.queue_delay_ewma_s = 0.8 * self.queue_delay_ewma_s + 0.2 * delay
+
+    def _end_all(self, error: BridgeError) -> None:
+        """Refuse new commands, end every open stream with ``error``; cancel their requests if the engine
+        still works."""
+        with self._lock:
+            self._closed = True
+        for request_id, tracked in list(self._tracked.items()):
+            del self._tracked[request_id]
+            if not tracked.started:
+                self._unqueue()
+            tracked.stream.close(error)
+            if self.failure is None:
+                self.engine.cancel(request_id)
+        while True:  # answer commands that arrived too late
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command.kind == "add":
+                self._unqueue()
+                command.tracked.stream.close(error)
+            elif command.kind == "call":
+                command.future.set_exception(error)
