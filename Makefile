@@ -22,14 +22,19 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
-# The everyday build: notebooks re-executed only when they changed (jupyter-cache).
+# SOLUTIONS=0 builds the book without exercise solutions (e.g. `make book SOLUTIONS=0`).
+SOLUTIONS ?= 1
+JB := SERVELAB_SOLUTIONS=$(SOLUTIONS) $(VENV)/bin/jupyter-book
+
+# The everyday build: a notebook is re-executed when it changed, and every notebook when anything
+# under lib/servelab changed (book/_ext/servelab_book.py drops the execution cache then).
 book: setup
-	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	$(JB) build . -W -n --keep-going
 
 # The CI build: a clean tree, so every notebook is executed against the current lib/ (no stale cache).
 book-strict: setup
 	$(VENV)/bin/jupyter-book clean . --all >/dev/null
-	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	$(JB) build . -W -n --keep-going
 
 checks: setup
 	$(PY) -m servelab.checks
@@ -37,16 +42,23 @@ checks: setup
 test-lib: setup
 	$(PY) -m pytest -q tests
 
+# Notebooks: committed without outputs and with the Colab set-up cell (tools/sync_notebooks.py),
+# then executed fresh by nbval in this environment: every cell must run; cells marked
+# "# NBVAL_CHECK_OUTPUT" must also reproduce their saved output.
 test-notebooks: setup
+	$(PY) tools/sync_notebooks.py --check
 	@if ls notebooks/*.ipynb notebooks/*/*.ipynb >/dev/null 2>&1; then \
-	  $(PY) -m pytest -q --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg notebooks; \
+	  $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+	    --nbval-sanitize-with notebooks/sanitize.cfg notebooks; \
 	else echo "no notebooks yet"; fi
 
 browser-deps:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# Every page of the built book (make book-strict first) opened in Debian chromium; screenshots go
+# to _build/screenshots/.
 test-browser: setup browser-deps
-	$(PY) -m pytest -q browser_tests
+	$(PY) -m pytest -q -p no:cacheprovider browser_tests
 
 test: setup checks test-lib test-notebooks book-strict test-browser
 

@@ -1,0 +1,152 @@
+"""The book's local Sphinx extension: offline figures, fresh notebook outputs, a solutions switch.
+
+1. plotly.js is served by the book itself: the copy inside the installed ``plotly`` package is
+   copied into ``_build/html/_static`` when the build finishes and loaded on every page before any
+   figure (see :func:`servelab.viz.core.figure_html`). Nothing large is committed and no figure needs
+   the network.
+2. Stale outputs: jupyter-cache keys a notebook by its code cells, so an edit under ``lib/`` would
+   leave old figures in place. When the library's files change, the execution cache is dropped and
+   every page is read again.
+3. A narrative page that pastes values from a notebook (``{glue}`` with ``NB.ipynb::name``) is rebuilt
+   whenever that notebook changes.
+4. ``SERVELAB_BOOK_BUILD=1`` is set for the notebook kernels, so :mod:`servelab.viz.core` leaves
+   out the mime types the book cannot render (plotly's JSON, widget views).
+5. Each script is emitted once per page (sphinx-thebe's set-up script is otherwise doubled).
+6. ``SERVELAB_SOLUTIONS=0`` in the environment builds the book without exercise solutions
+   (sphinx-exercise's ``hide_solutions``); ``make book SOLUTIONS=0`` sets it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+from sphinx.application import Sphinx
+from sphinx.environment import BuildEnvironment
+from sphinx.util import logging
+
+LOGGER = logging.getLogger(__name__)
+PLOTLY_JS = "plotly.min.js"
+LIB_DIR = Path("lib") / "servelab"
+LIB_STAMP = "servelab-lib.sha1"
+GLUE_SOURCE = re.compile(r"([\w./-]+\.ipynb)::")
+
+
+def plotly_js_source() -> Path:
+    """The plotly.min.js bundled in the installed plotly package."""
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / PLOTLY_JS
+    if not path.is_file():
+        raise FileNotFoundError(f"plotly.min.js not found at {path}; is plotly installed fully?")
+    return path
+
+
+def copy_plotly_js(app: Sphinx, exception: Exception | None) -> None:
+    """After an HTML build, put plotly.min.js next to the theme's static files."""
+    if exception is None and app.builder.format == "html":
+        static = Path(app.outdir) / "_static"
+        static.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(plotly_js_source(), static / PLOTLY_JS)
+
+
+def solutions_switch(app: Sphinx, config) -> None:
+    """Honour SERVELAB_SOLUTIONS=0 (build without solutions); any other value keeps them."""
+    value = os.environ.get("SERVELAB_SOLUTIONS", "1").strip()
+    if value not in {"0", "1"}:
+        raise ValueError(f"SERVELAB_SOLUTIONS must be 0 or 1, got {value!r}")
+    config.hide_solutions = value == "0"
+
+
+def library_digest(root: Path) -> str:
+    """A hash of every file of the servelab package (sources and shipped assets)."""
+    digest = hashlib.sha1()
+    for path in sorted((root / LIB_DIR).rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def execution_cache(app: Sphinx) -> Path:
+    """myst-nb's jupyter-cache folder; refuses anything but a ``.jupyter_cache`` folder."""
+    cache = Path(app.env.mystnb_config.execution_cache_path).resolve()
+    if cache.name != ".jupyter_cache":
+        raise ValueError(f"unexpected execution cache path {cache}; refusing to delete it")
+    return cache
+
+
+def reread_on_library_change(app: Sphinx, env: BuildEnvironment, added, changed,
+                             removed) -> list[str]:
+    """If lib/ changed since the last build, drop the execution cache and re-read every page."""
+    stamp = Path(app.doctreedir) / LIB_STAMP
+    current = library_digest(Path(app.srcdir))
+    if stamp.exists() and stamp.read_text() == current:
+        return []
+    cache = execution_cache(app)
+    if cache.is_dir():
+        LOGGER.info("servelab: lib/ changed, dropping the notebook execution cache %s", cache)
+        shutil.rmtree(cache)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(current)
+    return sorted(env.found_docs)
+
+
+def note_glue_sources(app: Sphinx, docname: str, source: list[str]) -> None:
+    """Record that a page pasting from NB.ipynb depends on that notebook file."""
+    for rel in set(GLUE_SOURCE.findall(source[0])):
+        app.env.note_dependency(app.env.relfn2path(rel, docname)[1])
+
+
+def unshadow_latex_codec() -> None:
+    """Let sphinxcontrib-bibtex find the ``ulatex`` codec.
+
+    ``future-typing`` (a dependency of ``typical``) registers, from a ``.pth`` file, a codec search
+    function that answers every codec name, ``ulatex`` included, so pybtex fails on any author name.
+    Unregistering that function restores normal codec lookup; nothing else in the build uses it.
+    """
+    try:
+        from future_typing.codec import search_function
+    except ImportError:
+        return
+    for _ in range(100):  # it can be registered more than once; each call removes one
+        try:
+            if codecs.lookup("servelab-no-such-codec").name != "future_typing":
+                return
+        except LookupError:
+            return
+        codecs.unregister(search_function)
+    raise RuntimeError("could not unregister future_typing's codec search function")
+
+
+def drop_duplicate_scripts(app: Sphinx, pagename: str, templatename: str, context: dict,
+                           doctree) -> None:
+    """Emit each script once. sphinx-thebe adds its inline ``const THEBE_JS_URL = ...`` twice under
+    Jupyter Book, and the second copy throws "Identifier has already been declared" in browsers."""
+    seen, unique = set(), []
+    for script in context.get("script_files", []):
+        attributes = getattr(script, "attributes", {})
+        filename = getattr(script, "filename", script) or ""  # inline scripts: None or ""
+        key = (str(filename), tuple(sorted(attributes.items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    context["script_files"] = unique
+
+
+def setup(app: Sphinx) -> dict:
+    unshadow_latex_codec()
+    # Notebook kernels inherit this; servelab.viz.core then emits only what the HTML renders.
+    os.environ["SERVELAB_BOOK_BUILD"] = "1"
+    app.connect("config-inited", solutions_switch)
+    app.connect("env-get-outdated", reread_on_library_change)
+    app.connect("source-read", note_glue_sources)
+    app.connect("build-finished", copy_plotly_js)
+    app.connect("html-page-context", drop_duplicate_scripts, priority=900)  # after the others
+    # Loaded synchronously in <head>, so window.Plotly exists before any figure's inline script.
+    app.add_js_file(PLOTLY_JS, priority=100)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,383 @@
+"""Display helpers every chapter shares: one call that works in three places.
+
+A figure or table made in a notebook has three audiences:
+
+* the **static HTML book**: there is no kernel and no network. A figure must be drawn by the copy of
+  plotly.js the book ships in its own ``_static`` folder; a slider must move between frames that were
+  computed when the book was built;
+* **Jupyter / JupyterLab / VS Code**: they render plotly's own mime type natively;
+* **Colab**: it shows ``text/html`` in a sandboxed frame that has no plotly.js, so the HTML loads it
+  from the plotly CDN when (and only when) ``window.Plotly`` is missing.
+
+:func:`show` emits all three in one output; :func:`slider_figure` precomputes the frames of a one-
+parameter sweep; :func:`table` turns computed rows into an HTML table; :func:`live_controls` gives
+a live ipywidgets control in a kernel whose static twin (a :func:`slider_figure`) is what the book
+shows; :func:`publish` stores a value or an output under a name so that a narrative page can paste it
+with myst-nb's ``{glue}`` role and directive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import inspect
+import itertools
+import json
+import numbers
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.utils import PlotlyJSONEncoder
+
+__all__ = [
+    "FigureOutput",
+    "LiveControls",
+    "Table",
+    "figure_html",
+    "in_book_build",
+    "live_controls",
+    "publish",
+    "show",
+    "slider_figure",
+    "table",
+]
+
+PLOTLY_CDN = "https://cdn.plot.ly/plotly-{version}.min.js"
+"""Where Colab (which has no plotly.js of its own) fetches plotly.js; never used by the book."""
+
+FRAME_LAYOUT_KEYS = ("title", "annotations", "shapes")
+"""Layout parts a :func:`slider_figure` frame may change (axes stay fixed across frames)."""
+
+BOOK_BUILD_ENV = "SERVELAB_BOOK_BUILD"
+"""Set to ``1`` by the book's Sphinx extension; the kernels it starts inherit it."""
+
+_figure_counter = itertools.count()
+
+
+def in_book_build() -> bool:
+    """True while the static book is being built (outputs then carry only what the HTML needs)."""
+    return os.environ.get(BOOK_BUILD_ENV) == "1"
+
+
+# --------------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------------
+
+
+def _plotlyjs_version() -> str:
+    from plotly.offline import get_plotlyjs_version
+
+    return get_plotlyjs_version()
+
+
+def _check_figure(fig: Any) -> go.Figure:
+    if not isinstance(fig, go.Figure):
+        raise TypeError(f"expected a plotly.graph_objects.Figure, got {type(fig).__name__}")
+    return fig
+
+
+def _div_id(spec_json: str) -> str:
+    """A page-unique, run-to-run stable element id: the figure's content hash plus a counter."""
+    digest = hashlib.sha1(f"{next(_figure_counter)}:{spec_json}".encode()).hexdigest()
+    return f"servelab-fig-{digest[:12]}"
+
+
+def figure_html(fig: go.Figure, *, height: int | None = None) -> str:
+    """The ``<div>`` + ``<script>`` that draws ``fig`` with whatever plotly.js the page has.
+
+    The snippet never embeds plotly.js: the book loads one shared copy from ``_static`` before any
+    figure, and in a frame without ``window.Plotly`` (Colab) it fetches the matching version from the
+    plotly CDN first. Frames (for sliders) are added after the first draw.
+    """
+    _check_figure(fig)
+    if height is not None and height <= 0:
+        raise ValueError(f"height must be positive, got {height}")
+    spec = json.loads(pio.to_json(fig, validate=True))
+    spec["config"] = {"responsive": True, "displaylogo": False}
+    spec_json = json.dumps(spec, separators=(",", ":"), sort_keys=True)
+    div_id = _div_id(spec_json)
+    px = height or fig.layout.height or 450
+    cdn = PLOTLY_CDN.format(version=_plotlyjs_version())
+    # "</" inside a JSON string would close the <script> element early.
+    safe_json = spec_json.replace("</", "<\\/")
+    return (
+        f'<div id="{div_id}" class="servelab-figure" style="width:100%;height:{px}px;"></div>\n'
+        "<script>\n(function () {\n"
+        f"  var spec = {safe_json};\n"
+        "  function draw() {\n"
+        f'    var el = document.getElementById("{div_id}");\n'
+        "    if (!el) { return; }\n"
+        "    Plotly.newPlot(el, spec.data, spec.layout || {}, spec.config).then(function () {\n"
+        "      if (spec.frames) { return Plotly.addFrames(el, spec.frames); }\n"
+        "    });\n"
+        "  }\n"
+        "  function start() {\n"
+        "    if (window.Plotly) { draw(); return; }\n"
+        '    var s = document.createElement("script");\n'
+        f'    s.src = "{cdn}";\n'
+        "    s.onload = draw;\n"
+        "    document.head.appendChild(s);\n"
+        "  }\n"
+        "  // Draw once the page is laid out, so the figure takes its container's final width.\n"
+        '  if (document.readyState === "loading") {\n'
+        '    document.addEventListener("DOMContentLoaded", start);\n'
+        "  } else { start(); }\n"
+        "})();\n</script>"
+    )
+
+
+class FigureOutput:
+    """A plotly figure as a notebook output: ``text/html`` for the book and Colab, plotly's own
+    mime type for Jupyter front ends that render it natively, and a one-line text fallback."""
+
+    def __init__(self, fig: go.Figure, *, height: int | None = None) -> None:
+        self.fig = _check_figure(fig)
+        self.height = height
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
+        title = self.fig.layout.title.text or "untitled"
+        bundle = {
+            "text/html": figure_html(self.fig, height=self.height),
+            "text/plain": f"<plotly figure: {title}>",
+        }
+        if not in_book_build():  # the book's renderer knows no plotly mime type and would warn
+            bundle["application/vnd.plotly.v1+json"] = json.loads(pio.to_json(self.fig))
+        return bundle
+
+
+def _displayable(obj: Any) -> Any:
+    return FigureOutput(obj) if isinstance(obj, go.Figure) else obj
+
+
+def show(obj: Any, *, name: str | None = None) -> None:
+    """Display a plotly figure (or a :class:`Table`, or anything IPython can display).
+
+    With ``name``, the output is also stored for a narrative page, which pastes it with
+    ``{glue}`` (see :func:`publish`).
+    """
+    if name is None:
+        from IPython.display import display
+
+        display(_displayable(obj))
+    else:
+        publish(name, obj, display=True)
+
+
+def publish(name: str, value: Any, *, display: bool = False) -> None:
+    """Store ``value`` (a number, a string, a figure, a table) under ``name`` for a narrative page.
+
+    A page pastes it with ``{glue:text}`../notebooks/NB.ipynb::name:.2f``` (numbers and text) or the
+    ``{glue}`` directive (figures and tables). Outside a book build (myst-nb missing, e.g. Colab)
+    this only displays the value when ``display`` is true.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name must be a Python identifier, got {name!r}")
+    value = _displayable(value)
+    try:
+        from myst_nb import glue
+    except ImportError:
+        if display:
+            from IPython.display import display as ipy_display
+
+            ipy_display(value)
+        return
+    glue(name, value, display=display)
+
+
+def _layout_json(fig: go.Figure, key: str) -> str:
+    return json.dumps(fig.layout.to_plotly_json().get(key), sort_keys=True, cls=PlotlyJSONEncoder)
+
+
+def slider_figure(make_figure: Callable[[Any], go.Figure], values: Sequence[Any], *, label: str,
+                  active: int = 0, value_text: Callable[[Any], str] = str) -> go.Figure:
+    """One figure with a slider over ``values``; every frame is computed now, not in the browser.
+
+    ``make_figure(value)`` draws one state. All frames must have the same number of traces; each
+    frame keeps its own traces and its own title, annotations and shapes, while axes and the rest of
+    the layout come from the first frame (set explicit axis ranges there if the data range moves).
+    ``value_text`` turns a value into its slider label.
+    """
+    values = list(values)
+    if not values:
+        raise ValueError("values must not be empty")
+    if not 0 <= active < len(values):
+        raise ValueError(f"active must be in [0, {len(values)}), got {active}")
+    labels = [value_text(v) for v in values]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"slider labels must be distinct, got {labels}")
+    drawn = [_check_figure(make_figure(v)) for v in values]
+    n_traces = {len(f.data) for f in drawn}
+    if len(n_traces) != 1:
+        raise ValueError(f"every frame must have the same number of traces, got {sorted(n_traces)}")
+    # A layout part goes into the frames only if it changes between them (keeps the output small).
+    moving = [k for k in FRAME_LAYOUT_KEYS
+              if len({_layout_json(f, k) for f in drawn}) > 1]
+    frames = [go.Frame(name=lab, data=f.data, layout={k: f.layout[k] for k in moving})
+              for lab, f in zip(labels, drawn)]
+    fig = go.Figure(data=drawn[active].data, layout=drawn[active].layout, frames=frames)
+    step_args = {"mode": "immediate", "frame": {"duration": 0, "redraw": True},
+                 "transition": {"duration": 0}}
+    fig.update_layout(sliders=[{
+        "active": active,
+        "currentvalue": {"prefix": f"{label} = "},
+        "pad": {"t": 40},
+        "steps": [{"label": lab, "method": "animate", "args": [[lab], step_args]} for lab in labels],
+    }])
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------------
+
+
+def _cell_text(value: Any, fmt: str | Callable[[Any], str] | None) -> str:
+    if fmt is None:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return "" if value is None else str(value)
+    return fmt(value) if callable(fmt) else format(value, fmt)
+
+
+class Table:
+    """Rows of computed values shown as an HTML table (a plain-text grid outside HTML front ends)."""
+
+    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[str]],
+                 numeric: Sequence[bool], caption: str | None = None) -> None:
+        self.columns, self.rows, self.numeric, self.caption = list(columns), rows, numeric, caption
+
+    def _repr_html_(self) -> str:
+        def cells(tag: str, values: Iterable[str]) -> str:
+            return "".join(
+                f'<{tag} class="{"num" if num else "txt"}">{html.escape(v)}</{tag}>'
+                for v, num in zip(values, self.numeric)
+            )
+
+        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        body = "".join(f"<tr>{cells('td', row)}</tr>" for row in self.rows)
+        return (f'<table class="servelab-table">{caption}<thead><tr>{cells("th", self.columns)}'
+                f"</tr></thead><tbody>{body}</tbody></table>")
+
+    def __repr__(self) -> str:
+        grid = [self.columns, *self.rows]
+        widths = [max(len(r[i]) for r in grid) for i in range(len(self.columns))]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in grid]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(([self.caption] if self.caption else []) + lines)
+
+
+def table(rows: Sequence[Mapping[str, Any]] | Sequence[Sequence[Any]], *,
+          columns: Sequence[str] | None = None, caption: str | None = None,
+          formats: Mapping[str, str | Callable[[Any], str]] | None = None) -> Table:
+    """A :class:`Table` from computed rows: dicts (their keys give the columns) or sequences.
+
+    ``formats`` maps a column to a format spec (``".2f"``) or a function; unformatted floats show
+    four significant digits. A column whose values are all numbers is right-aligned.
+    """
+    rows = list(rows)
+    if not rows:
+        raise ValueError("a table needs at least one row")
+    if isinstance(rows[0], Mapping):
+        columns = list(columns) if columns is not None else list(rows[0])
+        missing = [c for r in rows for c in columns if c not in r]
+        if missing:
+            raise ValueError(f"rows lack columns: {sorted(set(missing))}")
+        values = [[r[c] for c in columns] for r in rows]
+    else:
+        if columns is None:
+            raise ValueError("columns are required when rows are sequences")
+        columns = list(columns)
+        values = [list(r) for r in rows]
+        bad = [i for i, r in enumerate(values) if len(r) != len(columns)]
+        if bad:
+            raise ValueError(f"rows {bad} do not have {len(columns)} cells")
+    formats = dict(formats or {})
+    unknown = set(formats) - set(columns)
+    if unknown:
+        raise ValueError(f"formats name unknown columns: {sorted(unknown)}")
+    numeric = [all(isinstance(r[i], numbers.Number) and not isinstance(r[i], bool) for r in values)
+               for i in range(len(columns))]
+    text = [[_cell_text(v, formats.get(c)) for v, c in zip(r, columns)] for r in values]
+    return Table(columns, text, numeric, caption)
+
+
+# --------------------------------------------------------------------------------------------------
+# Live controls
+# --------------------------------------------------------------------------------------------------
+
+
+def _defaults(make_figure: Callable[..., go.Figure],
+              choices: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    """Each control starts at the function's default when it has one, else at its first choice."""
+    params = inspect.signature(make_figure).parameters
+    unknown = set(choices) - set(params)
+    if unknown:
+        raise ValueError(f"make_figure has no parameters {sorted(unknown)}")
+    start = {}
+    for name, options in choices.items():
+        default = params[name].default
+        if default is not inspect.Parameter.empty and default not in options:
+            raise ValueError(f"default {name}={default!r} is not one of its choices {options}")
+        start[name] = options[0] if default is inspect.Parameter.empty else default
+    return start
+
+
+class LiveControls:
+    """ipywidgets controls over ``make_figure`` in a kernel; a precomputed slider figure elsewhere.
+
+    The output carries both: Jupyter and Colab render the live widget, the static book renders the
+    twin (the book's config turns widget rendering off, so no dead control is ever shown).
+    """
+
+    def __init__(self, make_figure: Callable[..., go.Figure], sweep: str,
+                 choices: Mapping[str, Sequence[Any]]) -> None:
+        self.make_figure, self.sweep = make_figure, sweep
+        self.choices = {k: list(v) for k, v in choices.items()}
+        self.start = _defaults(make_figure, self.choices)
+
+    def twin(self) -> go.Figure:
+        """The static twin: a slider over the ``sweep`` choices, every other control at its start."""
+        fixed = {k: v for k, v in self.start.items() if k != self.sweep}
+        values = self.choices[self.sweep]
+        return slider_figure(lambda v: self.make_figure(**fixed, **{self.sweep: v}), values,
+                             label=self.sweep, active=values.index(self.start[self.sweep]))
+
+    def widget(self):
+        """The live control: one selection slider per parameter, redrawing on every change."""
+        import ipywidgets as widgets
+
+        sliders = {
+            name: widgets.SelectionSlider(options=opts, value=self.start[name], description=name,
+                                          continuous_update=False,
+                                          style={"description_width": "initial"})
+            for name, opts in self.choices.items()
+        }
+        return widgets.interactive(lambda **kw: show(self.make_figure(**kw)), **sliders)
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
+        bundle = FigureOutput(self.twin())._repr_mimebundle_()
+        bundle.pop("application/vnd.plotly.v1+json", None)  # the live widget takes that role
+        if not in_book_build():
+            live = self.widget()._repr_mimebundle_()
+            bundle["application/vnd.jupyter.widget-view+json"] = \
+                live["application/vnd.jupyter.widget-view+json"]
+        return bundle
+
+
+def live_controls(make_figure: Callable[..., go.Figure], *, sweep: str,
+                  **choices: Sequence[Any]) -> LiveControls:
+    """Controls over the keyword parameters of ``make_figure``, each with a list of choices.
+
+    Example: ``live_controls(draw, sweep="rate", rate=[1, 2, 4, 8], policy=["fcfs", "sjf"])``. In a
+    kernel every parameter gets a slider; the static book shows a slider over ``sweep`` only, the
+    others held at their defaults (the function's default, else the first choice).
+    """
+    if sweep not in choices:
+        raise ValueError(f"sweep={sweep!r} must be one of the controls {sorted(choices)}")
+    empty = [k for k, v in choices.items() if isinstance(v, (str, bytes)) or len(list(v)) == 0]
+    if empty:
+        raise ValueError(f"controls need a non-empty list of choices: {empty}")
+    return LiveControls(make_figure, sweep, choices)
