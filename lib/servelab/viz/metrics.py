@@ -1,0 +1,257 @@
+"""Figures for the metrics chapter: one request's timeline, a load sweep, the roofline, tail latency.
+
+Every value drawn comes from :mod:`servelab.metrics` (TTFT, ITL, TPOT, throughput, SLO attainment,
+goodput, percentiles, ridge points, prefill/decode costs); this module only arranges it. All builders
+return a ``plotly.graph_objects.Figure``; pass it to ``servelab.viz.core.show``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from servelab import metrics as m
+from servelab.viz.core import slider_figure
+
+__all__ = [
+    "latency_percentile_figure",
+    "load_sweep_figure",
+    "roofline_batch_slider_figure",
+    "roofline_figure",
+    "roofline_phase_figure",
+    "timeline_figure",
+]
+
+TTFT_COLOR = "#d95f0e"
+ITL_COLORS = ("#2c7fb8", "#7fcdbb")
+QUEUE_COLOR = "#bdbdbd"
+UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
+
+
+def _scale(unit: str) -> float:
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {tuple(UNITS)}, got {unit!r}")
+    return UNITS[unit]
+
+
+def _span(fig: go.Figure, start: float, end: float, colour: str, name: str, hover: str,
+          show_legend: bool) -> None:
+    """One horizontal bar on the timeline lane (row 1), from ``start`` to ``end``."""
+    fig.add_trace(go.Bar(x=[end - start], base=[start], y=["request"], orientation="h",
+                         marker_color=colour, name=name, legendgroup=name, showlegend=show_legend,
+                         hovertemplate=hover + "<extra></extra>"), row=1, col=1)
+
+
+def timeline_figure(timing: m.RequestTiming, *, unit: str = "ms",
+                    token_texts: Sequence[str] | None = None) -> go.Figure:
+    """One request on a time axis (top) and its inter-token latencies against TPOT (bottom).
+
+    Top lane: queueing (arrival to first scheduled), the rest of TTFT, then one bar per ITL. Bottom:
+    ITL_j for j = 2..N with TPOT as a line. The title checks the E2E identity
+    ``t_last - t_arrival = TTFT + sum(ITL)``. Times are shown relative to arrival in ``unit``;
+    ``token_texts`` (one per emitted token) label the emit markers.
+    """
+    if not isinstance(timing, m.RequestTiming):
+        raise TypeError(f"timing must be a servelab.metrics.RequestTiming, got {type(timing).__name__}")
+    if timing.output_tokens < 2:
+        raise ValueError("timing must hold at least two emitted tokens to show ITL and TPOT")
+    k = _scale(unit)
+    if token_texts is not None and len(token_texts) != timing.output_tokens:
+        raise ValueError(f"token_texts must hold one text per emitted token ({timing.output_tokens})")
+    emits = [(t - timing.arrival) * k for t in timing.emit_times]
+    gaps = [g * k for g in timing.itl]
+    ttft, tpot = timing.ttft * k, timing.tpot * k
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.35, 0.65], vertical_spacing=0.28,
+                        subplot_titles=("request timeline", "inter-token latency per token"))
+    _span(fig, 0.0, timing.queue_delay * k, QUEUE_COLOR, "queueing",
+          f"queued {timing.queue_delay * k:.2f} {unit}", True)
+    _span(fig, timing.queue_delay * k, emits[0], TTFT_COLOR, "TTFT (rest: prefill + first token)",
+          f"TTFT {ttft:.2f} {unit}", True)
+    for j, (start, gap) in enumerate(zip(emits, gaps), start=2):
+        _span(fig, start, start + gap, ITL_COLORS[j % 2], "ITL", f"ITL_{j} {gap:.2f} {unit}", j == 2)
+    labels = token_texts or [str(j) for j in range(1, len(emits) + 1)]
+    fig.add_trace(go.Scatter(x=emits, y=["request"] * len(emits), mode="markers", name="token emitted",
+                             marker={"symbol": "line-ns-open", "size": 18, "color": "black"},
+                             text=list(labels), hovertemplate="%{text} at %{x:.2f}<extra></extra>"),
+                  row=1, col=1)
+    index = list(range(2, len(emits) + 1))
+    fig.add_trace(go.Bar(x=index, y=gaps, name="ITL_j", marker_color=ITL_COLORS[0], showlegend=False,
+                         hovertemplate="ITL_%{x}: %{y:.2f}<extra></extra>"), row=2, col=1)
+    fig.add_trace(go.Scatter(x=[index[0], index[-1]], y=[tpot, tpot], mode="lines",
+                             name=f"TPOT = {tpot:.2f} {unit}", line={"dash": "dash", "color": "black"}),
+                  row=2, col=1)
+    lhs = (timing.emit_times[-1] - timing.arrival) * k
+    holds = m.e2e_identity_holds(timing.arrival, list(timing.emit_times))
+    fig.update_layout(barmode="overlay", legend_orientation="h", legend_y=-0.2, margin={"t": 90},
+                      height=520,
+                      title=f"t_last − t_arrival = {lhs:.2f} {unit}; TTFT + ΣITL = "
+                            f"{ttft + sum(gaps):.2f} {unit} (identity holds: {holds})")
+    fig.update_xaxes(title_text=f"time since arrival ({unit})", row=1, col=1)
+    fig.update_xaxes(title_text="output token j", row=2, col=1)
+    fig.update_yaxes(title_text=unit, row=2, col=1)
+    return fig
+
+
+def load_sweep_figure(offered: Sequence[float], throughput: Sequence[float], goodput: Sequence[float],
+                      attainment: Sequence[float], *, rate_unit: str = "requests/s") -> go.Figure:
+    """Throughput and goodput (rates, top) and SLO attainment (a fraction, bottom) against offered load.
+
+    The three curves share the x axis but not the y axis on purpose: goodput is a rate, attainment
+    a dimensionless fraction.
+    """
+    series = [np.asarray(s, dtype=float) for s in (offered, throughput, goodput, attainment)]
+    if len({s.shape for s in series}) != 1 or series[0].ndim != 1 or series[0].size < 2:
+        raise ValueError("offered, throughput, goodput and attainment must be 1-D and equally long (>= 2)")
+    if ((series[3] < 0) | (series[3] > 1)).any():
+        raise ValueError("attainment must be a fraction in [0, 1]")
+    x, thr, good, att = series
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        row_heights=[0.6, 0.4])
+    fig.add_trace(go.Scatter(x=x, y=x, mode="lines", name="offered load", line={"dash": "dot",
+                                                                                "color": "grey"}),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=thr, mode="lines+markers", name="throughput"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=good, mode="lines+markers", name="goodput"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=att, mode="lines+markers", name="SLO attainment"), row=2, col=1)
+    fig.update_yaxes(title_text=rate_unit, row=1, col=1)
+    fig.update_yaxes(title_text="fraction", range=[0, 1.05], row=2, col=1)
+    fig.update_xaxes(title_text=f"offered load ({rate_unit})", row=2, col=1)
+    fig.update_layout(legend_orientation="h", legend_y=-0.15)
+    return fig
+
+
+def _check_devices(devices: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """Ridge point of every ``name -> (peak FLOP/s, bytes/s)``; rejects an empty mapping."""
+    if not devices:
+        raise ValueError("devices must name at least one (peak FLOP/s, bytes/s) pair")
+    return {name: m.ridge_point(*spec) for name, spec in devices.items()}
+
+
+def _ceiling_trace(name: str, peak: float, bandwidth: float, grid: np.ndarray) -> go.Scatter:
+    flops = [m.attainable_flops(float(i), peak, bandwidth) for i in grid]
+    return go.Scatter(x=grid, y=flops, mode="lines", name=f"{name} roof",
+                      hovertemplate="I = %{x:.3g} FLOP/B → %{y:.3g} FLOP/s<extra></extra>")
+
+
+def _intensity_grid(values: Sequence[float]) -> np.ndarray:
+    low, high = min(values), max(values)
+    return np.logspace(np.log10(low / 4), np.log10(high * 4), 200)
+
+
+def _roofline_layout(fig: go.Figure, ridges: Mapping[str, float]) -> go.Figure:
+    """Log axes and one dotted vertical line per ridge point.
+
+    On a log axis plotly places a shape in data units but an annotation in log10 units.
+    """
+    for name, ridge in ridges.items():
+        fig.add_shape(type="line", x0=ridge, x1=ridge, xref="x", y0=0, y1=1, yref="paper",
+                      line={"dash": "dot", "color": "grey"})
+        fig.add_annotation(x=float(np.log10(ridge)), xref="x", y=1, yref="paper",
+                           text=f"{name}: I* = {ridge:.1f}",
+                           textangle=-90, xanchor="right", yanchor="top", showarrow=False)
+    fig.update_layout(xaxis_type="log", yaxis_type="log", xaxis_title="arithmetic intensity (FLOP/byte)",
+                      yaxis_title="attainable FLOP/s (upper bound)",
+                      legend={"x": 0.99, "y": 0.01, "xanchor": "right", "yanchor": "bottom"})
+    return fig
+
+
+def roofline_figure(devices: Mapping[str, tuple[float, float]],
+                    kernels: Mapping[str, float] | None = None) -> go.Figure:
+    """Roofline ceilings ``min(peak, I x bandwidth)`` with ridge points, and optional kernels.
+
+    ``devices`` maps a name to ``(peak FLOP/s, memory bytes/s)``; ``kernels`` maps a name to its
+    arithmetic intensity (FLOP/byte), placed on the first device's roof. An upper bound, not a
+    latency prediction.
+    """
+    ridges = _check_devices(devices)
+    kernels = dict(kernels or {})
+    grid = _intensity_grid([*ridges.values(), *kernels.values()])
+    fig = go.Figure([_ceiling_trace(name, *spec, grid) for name, spec in devices.items()])
+    peak, bandwidth = next(iter(devices.values()))
+    for name, intensity in kernels.items():
+        fig.add_trace(go.Scatter(x=[intensity], y=[m.attainable_flops(intensity, peak, bandwidth)],
+                                 mode="markers+text", text=[name], textposition="bottom right",
+                                 marker={"size": 11}, name=name, showlegend=False))
+    return _roofline_layout(fig, ridges)
+
+
+Workloads = Mapping[str, tuple[m.ModelShape, int, int]]
+"""Model name -> ``(shape, prompt tokens, cached context tokens per decode step)``."""
+
+
+def _phase_costs(workloads: Workloads, batch: int) -> dict[str, m.PhaseCost]:
+    """``"<model> prefill"`` and ``"<model> decode"`` costs of every workload at one batch size."""
+    if not workloads:
+        raise ValueError("workloads must name at least one (ModelShape, prompt_len, context_len)")
+    costs = {}
+    for name, (shape, prompt_len, context_len) in workloads.items():
+        costs[f"{name} prefill"] = m.prefill_cost(shape, prompt_len, batch)
+        costs[f"{name} decode"] = m.decode_cost(shape, context_len, batch)
+    return costs
+
+
+def roofline_phase_figure(device: tuple[str, float, float], workloads: Workloads, *, batch: int,
+                          intensity_range: tuple[float, float] | None = None) -> go.Figure:
+    """One device's roof with every workload's prefill (square) and decode (circle) point at ``batch``.
+
+    ``device`` is ``(name, peak FLOP/s, bytes/s)``; ``workloads`` maps a model name to
+    ``(ModelShape, prompt_len, context_len)``. Costs come from :func:`servelab.metrics.prefill_cost`
+    and :func:`~servelab.metrics.decode_cost`. ``intensity_range`` fixes the x axis (FLOP/byte), so
+    the frames of a slider share one axis.
+    """
+    name, peak, bandwidth = device
+    ridges = _check_devices({name: (peak, bandwidth)})
+    costs = _phase_costs(workloads, batch)
+    low, high = intensity_range or (min(c.intensity for c in costs.values()) / 4,
+                                    max(c.intensity for c in costs.values()) * 4)
+    grid = np.logspace(np.log10(low), np.log10(high), 200)
+    fig = go.Figure(_ceiling_trace(name, peak, bandwidth, grid))
+    for label, cost in costs.items():
+        fig.add_trace(go.Scatter(
+            x=[cost.intensity], y=[m.attainable_flops(cost.intensity, peak, bandwidth)],
+            mode="markers+text", text=[label], textposition="top left", showlegend=False,
+            marker={"size": 12, "symbol": "square" if label.endswith("prefill") else "circle"},
+            hovertemplate=f"{label}, batch {batch}: I = %{{x:.3g}} FLOP/B<extra></extra>"))
+    fig.update_layout(title=f"batch size {batch}", xaxis_range=[np.log10(low), np.log10(high)],
+                      yaxis_range=[np.log10(low * bandwidth / 2), np.log10(peak * 2)])
+    return _roofline_layout(fig, ridges)
+
+
+def roofline_batch_slider_figure(device: tuple[str, float, float], workloads: Workloads,
+                                 batches: Sequence[int]) -> go.Figure:
+    """:func:`roofline_phase_figure` with a slider over the batch size; every frame computed now.
+
+    The x axis spans every frame's points, so moving the slider moves the points, not the axes.
+    """
+    if len(batches) < 2 or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
+        raise ValueError("batches must hold at least two ints >= 1")
+    _, peak, bandwidth = device
+    ridge = m.ridge_point(peak, bandwidth)
+    intensities = [c.intensity for b in batches for c in _phase_costs(workloads, b).values()]
+    span = (min([*intensities, ridge]) / 4, max([*intensities, ridge]) * 4)
+    return slider_figure(
+        lambda b: roofline_phase_figure(device, workloads, batch=b, intensity_range=span),
+        list(batches), label="batch size")
+
+
+def latency_percentile_figure(samples: Mapping[str, Sequence[float]],
+                              quantiles: Sequence[float] = (50, 90, 99), *, unit: str = "ms") -> go.Figure:
+    """Grouped bars: the same quantiles of several latency samples (seconds in, ``unit`` shown).
+
+    Each bar's hover gives the sample size that :func:`servelab.metrics.percentile` reports.
+    """
+    if not samples:
+        raise ValueError("samples must name at least one latency sample")
+    k = _scale(unit)
+    fig = go.Figure()
+    for name, values in samples.items():
+        stats = [m.percentile(list(values), q) for q in quantiles]
+        fig.add_trace(go.Bar(x=[f"p{q:g}" for q in quantiles], y=[s.value * k for s in stats], name=name,
+                             customdata=[s.n for s in stats],
+                             hovertemplate="%{x}: %{y:.1f} " + unit + " (n = %{customdata})<extra></extra>"))
+    fig.update_layout(barmode="group", yaxis_title=f"latency ({unit}, log scale)", yaxis_type="log",
+                      legend_orientation="h", legend_y=-0.2)
+    return fig

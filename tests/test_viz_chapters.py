@@ -1,0 +1,180 @@
+"""The figure builders of the metrics and sampling chapters: right frames, right traces, bad input rejected."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from servelab import metrics as m
+from servelab import sampling as smp
+from servelab.viz import metrics as vm
+from servelab.viz import sampling as vs
+from servelab.viz.core import LiveControls
+
+LOGITS = [4.0, 3.0, 2.0, 1.0]
+LABELS = ["cat", "dog", "bird", "car"]
+A100 = ("A100-class", 312e12, 1.55e12)
+BIG = m.ModelShape(70_000_000_000, 80, 8192, 8, 128, 2)
+
+
+def timing() -> m.RequestTiming:
+    return m.RequestTiming(0.0, 0.01, (0.05, 0.06, 0.075, 0.08), 0.08, prompt_tokens=10)
+
+
+# --- sampling ---------------------------------------------------------------------------------------
+
+
+def test_pipeline_view_keeps_both_ends_of_truncation():
+    view = vs.pipeline_view(LOGITS, smp.SamplingParams(temperature=2, top_k=3, top_p=0.8))
+    assert view.support == [0, 1]
+    np.testing.assert_allclose(view.after[:2], [0.62246, 0.37754], atol=1e-5)
+    assert view.kept_mass == pytest.approx(view.before[0] + view.before[1])
+
+
+def test_greedy_view_is_one_hot_with_softmax_before():
+    view = vs.pipeline_view(LOGITS, smp.SamplingParams(temperature=0))
+    assert view.support == [0]
+    np.testing.assert_allclose(view.before, smp.softmax(LOGITS))
+
+
+def test_distribution_figure_colours_cut_tokens():
+    fig = vs.distribution_figure(LOGITS, LABELS, smp.SamplingParams(top_p=0.8))
+    assert len(fig.data) == 2
+    colours = list(fig.data[0].marker.color)
+    assert colours[:2] == [vs.KEPT_COLOR] * 2 and colours[2:] == [vs.CUT_COLOR] * 2
+    assert "support (2 tokens)" in fig.layout.title.text
+
+
+def test_slider_figure_has_one_frame_per_value():
+    values = [0.5, 0.8, 0.95, 1.0]
+    fig = vs.distribution_slider_figure(LOGITS, LABELS, param="top_p", values=values, active=1)
+    assert len(fig.frames) == len(values)
+    assert all(len(frame.data) == 2 for frame in fig.frames)
+    assert len(fig.layout.sliders[0].steps) == len(values)
+    assert "support (1 tokens)" in fig.frames[0].layout.title.text
+
+
+def test_show_top_limits_drawn_tokens_not_support():
+    logits = np.linspace(3, -3, 50)
+    fig = vs.distribution_figure(logits, [str(i) for i in range(50)], smp.SamplingParams(), show_top=10)
+    assert len(fig.data[0].x) == 10
+    assert "support (50 tokens)" in fig.layout.title.text
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"param": "seed", "values": [0, 1]}, ValueError),
+    ({"param": "top_p", "values": [0.5]}, ValueError),
+    ({"param": "top_p", "values": [0.5, 0.9], "active": 2}, ValueError),
+])
+def test_slider_figure_rejects_bad_sweeps(kwargs, error):
+    with pytest.raises(error):
+        vs.distribution_slider_figure(LOGITS, LABELS, **kwargs)
+
+
+def test_labels_must_cover_the_vocabulary():
+    with pytest.raises(ValueError):
+        vs.distribution_figure(LOGITS, LABELS[:3], smp.SamplingParams())
+    with pytest.raises(ValueError):
+        vs.distribution_figure(LOGITS, LABELS, smp.SamplingParams(), show_top=0)
+
+
+def test_support_size_figure_one_line_per_setting():
+    settings = {"top-k 2": smp.SamplingParams(top_k=2), "min-p 0.3": smp.SamplingParams(min_p=0.3)}
+    fig = vs.support_size_figure([4, 3, 2, 1, 0], [0.2, 1.0, 5.0], settings)
+    assert [trace.name for trace in fig.data] == list(settings)
+    assert list(fig.data[0].y) == [2, 2, 2]
+    assert list(fig.data[1].y) == [1, 2, 5]
+    with pytest.raises(ValueError):
+        vs.support_size_figure(LOGITS, [0.0, 1.0], settings)
+
+
+def test_logit_comparison_figure_marks_seen_tokens_and_checks_lengths():
+    fig = vs.logit_comparison_figure(LABELS, {"a": LOGITS, "b": LOGITS}, highlight=[1])
+    assert len(fig.data) == 2 and list(fig.data[0].x)[1] == "dog*"
+    with pytest.raises(ValueError):
+        vs.logit_comparison_figure(LABELS, {"a": LOGITS[:2]})
+
+
+def test_sampling_controls_have_a_static_twin():
+    controls = vs.sampling_controls(LOGITS, LABELS)
+    assert isinstance(controls, LiveControls)
+    twin = controls.twin()
+    assert len(twin.frames) == len(vs.CONTROL_CHOICES["temperature"])
+
+
+def test_generation_controls_need_a_callable():
+    with pytest.raises(TypeError):
+        vs.generation_controls("not callable")
+
+
+def test_token_label_makes_whitespace_visible():
+    assert vs.token_label(" the\n") == "␣the↵"
+    assert vs.token_label("") == "∅"
+
+
+# --- metrics ----------------------------------------------------------------------------------------
+
+
+def test_timeline_figure_traces_and_identity_in_title():
+    fig = vm.timeline_figure(timing())
+    # queueing + TTFT + 3 ITL spans + emit markers + ITL bars + TPOT line
+    assert len(fig.data) == 8
+    assert "identity holds: True" in fig.layout.title.text
+
+
+def test_timeline_figure_rejects_bad_input():
+    with pytest.raises(TypeError):
+        vm.timeline_figure((0.0, [1.0, 2.0]))
+    with pytest.raises(ValueError):
+        vm.timeline_figure(m.RequestTiming(0.0, 0.0, (0.1,), 0.1))
+    with pytest.raises(ValueError):
+        vm.timeline_figure(timing(), unit="minutes")
+    with pytest.raises(ValueError):
+        vm.timeline_figure(timing(), token_texts=["a"])
+
+
+def test_load_sweep_figure_checks_shapes_and_fraction():
+    fig = vm.load_sweep_figure([1, 2, 3], [1, 2, 2.5], [1, 1.8, 1], [1, 0.9, 0.4])
+    assert len(fig.data) == 4
+    with pytest.raises(ValueError):
+        vm.load_sweep_figure([1, 2], [1, 2], [1, 2], [1, 1.5])
+    with pytest.raises(ValueError):
+        vm.load_sweep_figure([1, 2, 3], [1, 2], [1, 2], [1, 1])
+
+
+def test_roofline_figure_ridge_annotations():
+    fig = vm.roofline_figure({"A100-class": A100[1:], "H100-class": (989e12, 3.35e12)}, {"k": 1.0})
+    assert [a.text for a in fig.layout.annotations] == ["A100-class: I* = 201.3",
+                                                        "H100-class: I* = 295.2"]
+    assert len(fig.data) == 3
+    with pytest.raises(ValueError):
+        vm.roofline_figure({})
+
+
+def test_roofline_slider_one_frame_per_batch_with_fixed_axis():
+    batches = [1, 8, 64]
+    fig = vm.roofline_batch_slider_figure(A100, {"70B": (BIG, 512, 512)}, batches)
+    assert len(fig.frames) == len(batches)
+    assert all(len(frame.data) == 3 for frame in fig.frames)  # roof + prefill + decode
+    decode_x = [frame.data[2].x[0] for frame in fig.frames]
+    assert decode_x == sorted(decode_x)
+    with pytest.raises(ValueError):
+        vm.roofline_batch_slider_figure(A100, {"70B": (BIG, 512, 512)}, [1])
+    with pytest.raises(ValueError):
+        vm.roofline_phase_figure(A100, {}, batch=1)
+
+
+def test_latency_percentile_figure_bars_per_sample():
+    fig = vm.latency_percentile_figure({"a": [0.01] * 200, "b": [0.02] * 200}, (50, 99))
+    assert len(fig.data) == 2 and list(fig.data[1].y) == pytest.approx([20.0, 20.0])
+    assert isinstance(fig, go.Figure)
+    with pytest.raises(ValueError):
+        vm.latency_percentile_figure({})
+
+
+def test_probability_axis_fits_flat_distributions_across_frames():
+    flat = np.zeros(100)
+    fig = vs.distribution_slider_figure(flat, [str(i) for i in range(100)], param="temperature",
+                                        values=[0.5, 1.0], show_top=10)
+    assert fig.layout.yaxis.range[1] == pytest.approx(1.15 * 0.01)
