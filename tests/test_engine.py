@@ -137,13 +137,25 @@ def test_prefix_cache_hits_skip_prefill_and_respect_namespaces(model, tokenizer)
     assert_clean(engine, 3)
 
 
-def test_identical_prompts_arriving_together_wait_for_the_computed_prefix(model, tokenizer):
+def test_identical_prompts_arriving_together_share_only_computed_blocks(model, tokenizer):
     prompt = make_prompts(4, 1, shared_prefix=24)[0]
     engine = LLMEngine(model, tokenizer, config(block_size=4, max_num_batched_tokens=8, max_model_len=128))
     outs = engine.generate([prompt, prompt, prompt], GREEDY)
     assert all(list(o.token_ids) == expected_ids(model, prompt) for o in outs)
     assert max(o.usage.cached_prompt_tokens for o in outs) > 0
     assert_clean(engine, 3)
+
+
+def test_a_prefill_cancelled_half_way_leaves_only_its_computed_blocks_to_hit(model, tokenizer):
+    prompt = make_prompts(4, 1, shared_prefix=24)[0]
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_num_batched_tokens=8, max_model_len=128))
+    abandoned = engine.add_request(prompt, GREEDY)
+    engine.step()  # one 8-token chunk computed; the rest of the prompt's blocks are allocated, never written
+    engine.cancel(abandoned)
+    again = engine.generate([prompt], GREEDY)[0]
+    assert again.usage.cached_prompt_tokens == 8  # the two computed blocks hit; the unwritten ones are recomputed
+    assert list(again.token_ids) == expected_ids(model, prompt)
+    assert_clean(engine, 2)
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_batch(model, tokenizer):

@@ -405,6 +405,25 @@ def test_num_blocks_to_allocate_counts_fresh_and_revived_blocks():
     assert a.num_free_blocks == 16  # lookups changed nothing
 
 
+def test_num_blocks_to_allocate_counts_a_free_copy_on_write_source():
+    prompt = list(range(8))  # two full blocks: a full hit recomputes the last token in a copy of block 1
+    for pool, fits in ((2, False), (3, True)):
+        a = BlockAllocator(pool, 4)
+        a.allocate_prompt("a", prompt)
+        a.free("a")  # both blocks stay cached, free
+        need = a.num_blocks_to_allocate(prompt)
+        assert need == 3  # revive block 0, a fresh copy of block 1, and block 1 held on the free list
+        assert a.reserve("b", need) is fits  # a successful reserve guarantees the allocation
+        if fits:
+            allocation = a.allocate_prompt("b", prompt)
+            assert allocation.num_cached_tokens == 7 and len(allocation.copies) == 1
+        else:
+            with pytest.raises(OutOfBlocks):
+                a.allocate_prompt("b", prompt)
+        a.release_reservation("b")
+        a.check_invariants()
+
+
 def test_reservation_validates():
     a = BlockAllocator(4, 4)
     with pytest.raises(ValueError, match="num_blocks"):

@@ -446,13 +446,17 @@ class BlockAllocator:
         return min(len(matched) * self._block_size, len(tokens) - 1)
 
     def num_blocks_to_allocate(self, token_ids: Sequence[int], namespace: str = "") -> int:
-        """Blocks ``allocate_prompt`` would take off the free list for this prompt (fresh + revived).
+        """Free blocks ``allocate_prompt`` needs for this prompt: the ones it takes off the free list
+        (fresh + revived), plus a free cached copy-on-write source, which must stay on the free list
+        (unreused) until the engine has copied it.
 
-        Useful for admission: compare it with a reservation or ``num_available_blocks``. No side effects.
+        Useful for admission: a reservation of this many blocks guarantees ``allocate_prompt`` succeeds.
+        No side effects.
         """
         tokens = _as_tokens(token_ids, "token_ids")
         plan = self._plan_prompt(tokens, self._check_namespace(namespace))
-        return plan.fresh + len(plan.revived)
+        held_source = plan.cow_src is not None and self._refcount[plan.cow_src] == 0
+        return plan.fresh + len(plan.revived) + (1 if held_source else 0)
 
     # ------------------------------------------------------------------ allocation
 

@@ -32,6 +32,11 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
         self.num_blocks = num_blocks
+        # per-layer views, made once: indexing ``k[layer]`` in every layer of every step costs a tensor op
+        self.layer_k = list(self.k.unbind(0))  # [num_blocks, block_size, kv_heads, d] each
+        self.layer_v = list(self.v.unbind(0))
+        self.layer_k_slots = [k.view(-1, num_kv_heads, head_dim) for k in self.layer_k]  # [slots, kv_heads, d]
+        self.layer_v_slots = [v.view(-1, num_kv_heads, head_dim) for v in self.layer_v]
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -86,7 +91,7 @@ class AttentionMetadata:
     decode_token_index: torch.Tensor  # [num_decode] long: flat index of each decode token
     decode_block_tables: torch.Tensor  # [num_decode, max_blocks] long (padded with 0)
     decode_num_keys: int  # longest decode context
-    decode_mask: torch.Tensor | None  # [num_decode, 1, decode_num_keys] additive; None = all visible
+    decode_mask: torch.Tensor | None  # [num_decode, 1, 1, decode_num_keys] additive; None = all visible
     prefills: list[PrefillGroup]
 
 
@@ -122,7 +127,7 @@ def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, devi
     decode_mask = None
     if any(n != num_keys for n in decode_lens):
         lens = torch.tensor(decode_lens, device=device)
-        decode_mask = _additive(torch.arange(num_keys, device=device)[None, :] < lens[:, None], dtype)[:, None, :]
+        decode_mask = _additive(torch.arange(num_keys, device=device)[None, :] < lens[:, None], dtype)[:, None, None]
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, device=device, dtype=torch.long),
         decode_token_index=torch.tensor(decode_index, device=device, dtype=torch.long),
@@ -165,9 +170,10 @@ class PagedAttention:
         meta = self.metadata
         if meta is None:
             raise RuntimeError("PagedAttention.metadata must be set before the forward pass")
-        k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]  # [blocks, bs, kv_heads, d]
-        k_pool.view(-1, *k_pool.shape[2:]).index_copy_(0, meta.slot_mapping, k)
-        v_pool.view(-1, *v_pool.shape[2:]).index_copy_(0, meta.slot_mapping, v)
+        cache = self.cache
+        cache.layer_k_slots[layer].index_copy_(0, meta.slot_mapping, k)
+        cache.layer_v_slots[layer].index_copy_(0, meta.slot_mapping, v)
+        k_pool, v_pool = cache.layer_k[layer], cache.layer_v[layer]  # [blocks, bs, kv_heads, d]
         if not meta.prefills:  # a pure decode batch: row i of q is sequence i's one new token
             return self._attend_decode(q, k_pool, v_pool, meta)
         out = torch.empty_like(q)
@@ -192,9 +198,8 @@ class PagedAttention:
         kv_heads = k_pool.shape[2]
         keys = _gather(k_pool, meta.decode_block_tables, meta.decode_num_keys).transpose(1, 2)
         values = _gather(v_pool, meta.decode_block_tables, meta.decode_num_keys).transpose(1, 2)
-        mask = None if meta.decode_mask is None else meta.decode_mask[:, None]  # [S, 1, 1, keys]
         out = F.scaled_dot_product_attention(q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim),
-                                             keys, values, attn_mask=mask)
+                                             keys, values, attn_mask=meta.decode_mask)
         return out.reshape(num_seqs, num_heads, head_dim)
 
     @staticmethod

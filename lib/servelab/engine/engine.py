@@ -112,7 +112,9 @@ class LLMEngine:
         self.clock = clock
         self.max_model_len = self._check_max_model_len(model, config)
         self.runner = ModelRunner(model, config)
-        self.allocator = BlockAllocator(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        # cache_on_compute: a block enters the prefix cache only once the scheduler commits its KV
+        self.allocator = BlockAllocator(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
+                                        cache_on_compute=True)
         self.slots = SlotPool(config.max_num_seqs)
         self.scheduler = Scheduler(config, self.allocator, self.runner, self.slots)
         self.ledger = Ledger()
@@ -258,9 +260,10 @@ class LLMEngine:
             self._pending = [o for o in self._pending if o.request_id not in ids]
             raise
         final: dict[str, RequestOutput] = {}
+        wanted = set(ids)
         while len(final) < len(ids):
             for output in self.step():
-                if output.finished:
+                if output.finished and output.request_id in wanted:  # another request's end is not ours
                     final[output.request_id] = output
         return [final[i] for i in ids]
 

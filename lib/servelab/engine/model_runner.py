@@ -93,22 +93,24 @@ class ModelRunner:
 
         Returns float32 logits ``[number of rows with sample=True, vocab]``, in row order.
         """
-        ids = [t for tokens, _, _, _ in rows for t in tokens]
-        positions = [p for tokens, start, _, _ in rows for p in range(start, start + len(tokens))]
-        meta_rows = [(start, len(tokens), table) for tokens, start, table, _ in rows]
-        last_index, offset = [], 0
-        for tokens, _, _, sample in rows:
-            offset += len(tokens)
+        ids: list[int] = []
+        positions: list[int] = []
+        last_index: list[int] = []  # flat index of each sampled row's last token
+        for tokens, start, _, sample in rows:
+            ids += tokens
+            positions += range(start, start + len(tokens))
             if sample:
-                last_index.append(offset - 1)
+                last_index.append(len(ids) - 1)
+        meta_rows = [(start, len(tokens), table) for tokens, start, table, _ in rows]
         self.backend.metadata = build_metadata(meta_rows, self.block_size, self.device, self.dtype)
         try:
             hidden = self.model.hidden_states(torch.tensor(ids, device=self.device),
                                               torch.tensor(positions, device=self.device), self.backend)
         finally:
             self.backend.metadata = None
-        picked = hidden[torch.tensor(last_index, device=self.device, dtype=torch.long)]
-        return self.model.lm_head(picked).float()
+        if len(last_index) < len(ids):  # a pure decode batch samples every token: nothing to pick
+            hidden = hidden[torch.tensor(last_index, device=self.device, dtype=torch.long)]
+        return self.model.lm_head(hidden).float()
 
     # ------------------------------------------------------------------------------- KVMover
 

@@ -5,9 +5,10 @@ banned sequences, no-repeat n-grams) and logit bias -> penalties (frequency/pres
 repetition on prompt + output) -> temperature (``T = 0`` is a separate greedy branch) -> truncation filters
 in each row's ``filter_order`` -> renormalise -> inverse-CDF draw.
 
-Reproducibility: each row draws exactly one uniform per step from its own request's ``torch.Generator``
-(greedy rows included), so a seeded request's tokens do not depend on which other requests share the
-batch. The probability maths runs in float64 so that support sets match the numpy reference.
+Reproducibility: each sampling row (temperature > 0) draws exactly one uniform per step from its own
+request's ``torch.Generator``, so a seeded request's tokens do not depend on which other requests share
+the batch. Greedy rows draw nothing: their token never depends on a uniform. The probability maths runs
+in float64 so that support sets match the numpy reference.
 
 System boundary: logits ``[rows, vocab]`` in (any device), one token id per row out. Which rows exist and
 what they have generated so far is the engine's business.
@@ -39,9 +40,10 @@ def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int
     Returns a Python int per row, or None for a row whose hard constraints mask every token (that
     request cannot continue; the reference pipeline raises ValueError for it).
     """
-    draws = [float(torch.rand((), generator=r.generator, dtype=torch.float64)) for r in rows]  # one per row
     if all(_plain_greedy(r.params) for r in rows):  # fast path: nothing to mask, penalise or sample
         return logits.argmax(dim=-1).tolist()
+    draws = [float(torch.rand((), generator=r.generator, dtype=torch.float64)) if r.params.temperature > 0
+             else 0.0 for r in rows]  # one uniform per sampling row; a greedy row's is never read
     probs, dead = next_token_probs(logits, rows)
     tokens = draw(probs, torch.tensor(draws, dtype=torch.float64, device=probs.device)).tolist()
     return [None if i in dead else t for i, t in enumerate(tokens)]

@@ -94,10 +94,6 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
-        # Physical blocks whose every slot holds computed KV. The allocator registers prompt blocks in
-        # its prefix cache when they are allocated, before the model has written them; a prefix hit is
-        # only used once the blocks it names are in this set.
-        self._valid_blocks: set[int] = set()
 
     # ------------------------------------------------------------------------------- queue membership
 
@@ -129,13 +125,10 @@ class Scheduler:
         return out
 
     def commit(self, chunk: ScheduledChunk, seq: Sequence) -> None:
-        """Record that the forward pass computed ``chunk``: advance ``num_computed``, mark full blocks valid."""
-        old = seq.num_computed
+        """Record that the forward pass computed ``chunk``: advance ``num_computed`` and tell the allocator,
+        which only now offers the blocks it filled to the prefix cache (``cache_on_compute``)."""
         seq.num_computed = chunk.start + chunk.num_tokens
-        table = self.allocator.block_table(seq.seq_id)
-        size = self.config.block_size
-        for i in range(old // size, seq.num_computed // size):
-            self._valid_blocks.add(table[i])
+        self.allocator.mark_computed(seq.seq_id, seq.num_computed)
 
     # ------------------------------------------------------------------------------- running sequences
 
@@ -180,8 +173,6 @@ class Scheduler:
                     return False
                 continue
             self._execute_copies(copies, out)
-            if self._blocks_for(upto) > self._blocks_for(have):  # blocks fresh off the free list
-                self._valid_blocks.difference_update(self.allocator.block_table(seq.seq_id)[self._blocks_for(have):])
             return True
 
     def _add_chunk(self, out: SchedulerOutput, seq: Sequence, count: int) -> None:
@@ -222,8 +213,7 @@ class Scheduler:
                                             namespace=seq.namespace)
             self.allocator.release_reservation(seq.seq_id)
             self.mover.swap_in(seq.seq_id, blocks)
-            self._valid_blocks.difference_update(blocks)
-            self._valid_blocks.update(blocks[:seq.num_computed // self.config.block_size])
+            self.allocator.mark_computed(seq.seq_id, seq.num_computed)  # the KV is back: offer it to the cache
             self.swapped.pop(0)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -236,35 +226,28 @@ class Scheduler:
         for seq in list(self.waiting):
             if budget == 0 or not self.slots.available:
                 return
-            admitted = self._try_admit(seq, budget, out)
-            if admitted is None:
+            if not self._try_admit(seq, budget, out):
                 return  # no room: later requests must not overtake this one
-            if admitted:
-                budget -= out.chunks[-1].num_tokens
+            budget -= out.chunks[-1].num_tokens
 
-    def _try_admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool | None:
-        """Admit ``seq`` and schedule its first chunk. True: admitted; False: skipped this tick (its cached
-        prefix is still being computed by another sequence); None: no room (blocks or token budget)."""
+    def _try_admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
+        """Admit ``seq`` and schedule its first chunk. True: admitted; False: no room (blocks or token budget).
+
+        Skipping the cached prefix is safe: the allocator (``cache_on_compute``) offers a block to the
+        prefix cache only once :meth:`commit` reports it computed, so blocks another request is still
+        prefilling, or abandoned half-way, are simply a miss and get computed here.
+        """
         tokens = seq.token_ids
         if (not self.config.enable_chunked_prefill
                 and len(tokens) - self.allocator.lookup_prefix(tokens, seq.namespace) > budget):
-            return None
+            return False
         need = self.allocator.num_blocks_to_allocate(tokens, seq.namespace)
         if not self.allocator.reserve(seq.seq_id, need):
-            return None
-        try:
-            allocation = self.allocator.allocate_prompt(seq.seq_id, tokens, seq.namespace)
-        except OutOfBlocks:  # the copy-on-write source of a full hit may be the last free block
-            return None
-        finally:
-            self.allocator.release_reservation(seq.seq_id)
-        table = self.allocator.block_table(seq.seq_id)
-        self._execute_copies(allocation.copies, out)
-        cached = self._usable_prefix(table, allocation.num_cached_tokens, allocation.copies)
-        if cached is None:
-            self.allocator.free(seq.seq_id)
             return False
-        self._mark_fresh(table, allocation.num_cached_tokens)
+        allocation = self.allocator.allocate_prompt(seq.seq_id, tokens, seq.namespace)  # fits the reservation
+        self.allocator.release_reservation(seq.seq_id)
+        self._execute_copies(allocation.copies, out)
+        cached = allocation.num_cached_tokens
         count = min(len(tokens) - cached, budget)
         self.waiting.remove(seq)
         self.slots.acquire(seq.seq_id)
@@ -277,33 +260,12 @@ class Scheduler:
         self._add_chunk(out, seq, count)
         return True
 
-    def _usable_prefix(self, table: list[int], num_cached: int, copies: tuple[BlockCopy, ...]) -> int | None:
-        """How many cached tokens may really be skipped, given which hit blocks hold computed KV.
-
-        A hit block that is not valid yet and is shared with a running sequence is being computed right
-        now: wait for it (None). One that nobody else holds was abandoned before it was computed: compute
-        from its start.
-        """
-        size = self.config.block_size
-        hit_blocks = table[:num_cached // size] + [c.src for c in copies]
-        for index, block in enumerate(hit_blocks):
-            if block in self._valid_blocks:
-                continue
-            in_use = self.allocator.refcount(block) > (1 if index < num_cached // size else 0)
-            return None if in_use else index * size
-        return num_cached
-
-    def _mark_fresh(self, table: list[int], num_cached: int) -> None:
-        """Blocks after the prefix hit were just taken from the free list: their old content is gone."""
-        self._valid_blocks.difference_update(table[num_cached // self.config.block_size:])
-
     # ------------------------------------------------------------------------------- helpers
 
     def _execute_copies(self, copies: tuple[BlockCopy, ...], out: SchedulerOutput) -> None:
         """Copy-on-write now: the source may be a free cached block that the next allocation reuses."""
         pairs = [(c.src, c.dst) for c in copies]
         self.mover.copy_blocks(pairs)
-        self._valid_blocks.difference_update(dst for _, dst in pairs)  # a copied tail is partial: not valid
         out.copies.extend(pairs)
 
     def _blocks_for(self, num_tokens: int) -> int:
