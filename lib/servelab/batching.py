@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Sequence
 
+from servelab._validate import require_int, require_name
 from servelab.metrics import itl
 
 __all__ = [
@@ -46,20 +47,6 @@ BATCHING_POLICIES = ("static", "continuous")
 QUEUE_POLICIES = ("fcfs", "sjf", "prefill-priority", "decode-priority")
 
 
-def _require_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-
-
-def _require_name(name: object) -> None:
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a non-empty str, got {type(name).__name__}")
-    if not name:
-        raise ValueError("name must be a non-empty str")
-
-
 @dataclass(frozen=True)
 class Request:
     """A request in the unit-cost tick model.
@@ -73,9 +60,9 @@ class Request:
     ticks_needed: int
 
     def __post_init__(self) -> None:
-        _require_name(self.name)
-        _require_int("arrival", self.arrival, 0)
-        _require_int("ticks_needed", self.ticks_needed, 1)
+        require_name("name", self.name)
+        require_int("arrival", self.arrival, 0)
+        require_int("ticks_needed", self.ticks_needed, 1)
 
 
 @dataclass(frozen=True)
@@ -152,7 +139,7 @@ def verify_schedule(
     completion is the end of its last emitting tick and it holds no slot from then on.
     """
     reqs = _validate_requests(reqs)
-    _require_int("capacity", capacity, 1)
+    require_int("capacity", capacity, 1)
     by_name = {r.name: r for r in reqs}
     if set(completion) != set(by_name):
         raise RuntimeError("invariant broken: completion must name exactly the submitted requests")
@@ -193,7 +180,7 @@ def simulate_batching(
     The invariants of ``verify_schedule`` are checked on every run.
     """
     reqs = _validate_requests(reqs)
-    _require_int("capacity", capacity, 1)
+    require_int("capacity", capacity, 1)
     if policy not in BATCHING_POLICIES:
         raise ValueError(f"policy must be one of {BATCHING_POLICIES}, got {policy!r}")
     emits, trace = _run_slots(reqs, capacity, _fcfs_key, policy == "static", False)
@@ -212,7 +199,7 @@ def utilization(
     to the last completion. Returns ``(value, detail)`` with the numerator and denominator.
     """
     reqs = _validate_requests(reqs)
-    _require_int("capacity", capacity, 1)
+    require_int("capacity", capacity, 1)
     if not isinstance(completion, dict) or set(completion) != {r.name for r in reqs}:
         raise ValueError("completion must be a dict with exactly one tick per request name")
     served = sum(r.ticks_needed for r in reqs)
@@ -259,7 +246,7 @@ def simulate_queue_policies(
       when the batch has drained, so their TTFT absorbs the wait.
     """
     reqs = _validate_requests(workload)
-    _require_int("capacity", capacity, 1)
+    require_int("capacity", capacity, 1)
     if policy not in QUEUE_POLICIES:
         raise ValueError(f"policy must be one of {QUEUE_POLICIES}, got {policy!r}")
 
@@ -299,10 +286,10 @@ class PrefillRequest:
     output_tokens: int
 
     def __post_init__(self) -> None:
-        _require_name(self.name)
-        _require_int("arrival", self.arrival, 0)
-        _require_int("prompt_tokens", self.prompt_tokens, 0)
-        _require_int("output_tokens", self.output_tokens, 1)
+        require_name("name", self.name)
+        require_int("arrival", self.arrival, 0)
+        require_int("prompt_tokens", self.prompt_tokens, 0)
+        require_int("output_tokens", self.output_tokens, 1)
 
 
 @dataclass(frozen=True)
@@ -365,9 +352,9 @@ def simulate_iterations(
     reqs = list(requests)
     if len({r.name for r in reqs}) != len(reqs):
         raise ValueError("requests must have unique names")
-    _require_int("tokens_per_tick", tokens_per_tick, 1)
+    require_int("tokens_per_tick", tokens_per_tick, 1)
     if token_budget is not None:
-        _require_int("token_budget", token_budget, 1)
+        require_int("token_budget", token_budget, 1)
 
     prefill_left = {r.name: r.prompt_tokens for r in reqs}
     owed = {r.name: r.output_tokens for r in reqs}

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Real
 
+from servelab._validate import require_int, require_real
 from servelab.kv import kv_bytes_per_token
 
 __all__ = [
@@ -49,38 +49,21 @@ SECONDS_PER_HOUR = 3600
 MILLION = 10**6
 
 
-def _positive(name: str, value: object, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be finite and {bound}, got {value}")
-    return value
-
-
 def _fraction(name: str, value: object) -> float:
-    _positive(name, value, allow_zero=True)
+    require_real(name, value, 0)
     if value > 1:
         raise ValueError(f"{name} must satisfy 0 <= {name} <= 1, got {value}")
     return value
 
 
-def _count(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
-
-
 def to_gb(n_bytes: float) -> float:
     """Bytes -> decimal gigabytes (1 GB = 1e9 bytes)."""
-    return _positive("n_bytes", n_bytes, allow_zero=True) / GB
+    return require_real("n_bytes", n_bytes, 0) / GB
 
 
 def to_gib(n_bytes: float) -> float:
     """Bytes -> binary gibibytes (1 GiB = 2**30 bytes)."""
-    return _positive("n_bytes", n_bytes, allow_zero=True) / GIB
+    return require_real("n_bytes", n_bytes, 0) / GIB
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -88,7 +71,7 @@ def to_gib(n_bytes: float) -> float:
 
 def weight_bytes(params: float, bytes_per_param: float) -> float:
     """Raw weight storage in bytes: params x bytes per parameter (0.5 for packed int4)."""
-    return _positive("params", params) * _positive("bytes_per_param", bytes_per_param)
+    return require_real("params", params, 0, strict_min=True) * require_real("bytes_per_param", bytes_per_param, 0, strict_min=True)
 
 
 def kv_bytes_for_tokens(
@@ -99,8 +82,8 @@ def kv_bytes_for_tokens(
     Per token 2 x layers x KV heads x head dim x bytes (``servelab.kv.kv_bytes_per_token``); use the
     KV head count, not the query head count, for grouped-query attention.
     """
-    _count("n_tokens", n_tokens, 0)
-    _count("n_requests", n_requests)
+    require_int("n_tokens", n_tokens, 0)
+    require_int("n_requests", n_requests, 1)
     return n_requests * n_tokens * kv_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_elem)
 
 
@@ -112,8 +95,8 @@ def kv_bytes_per_request(
 
     The reservation covers the whole prompt plus the output allowance, since decode grows the cache.
     """
-    _count("prompt_tokens", prompt_tokens, 0)
-    _count("reserved_output_tokens", reserved_output_tokens, 0)
+    require_int("prompt_tokens", prompt_tokens, 0)
+    require_int("reserved_output_tokens", reserved_output_tokens, 0)
     return kv_bytes_for_tokens(
         prompt_tokens + reserved_output_tokens, n_layers, n_kv_heads, head_dim, bytes_per_elem
     )
@@ -124,12 +107,12 @@ def kv_bytes_per_request(
 
 def flops_per_token(params: float) -> float:
     """Dense weight-matmul FLOPs per token, 2 x params (attention over the context is extra)."""
-    return 2 * _positive("params", params)
+    return 2 * require_real("params", params, 0, strict_min=True)
 
 
 def compute_rate(params: float, tokens_per_second: float) -> float:
     """FLOP/s needed by the weight matmuls to produce ``tokens_per_second`` tokens."""
-    return flops_per_token(params) * _positive("tokens_per_second", tokens_per_second)
+    return flops_per_token(params) * require_real("tokens_per_second", tokens_per_second, 0, strict_min=True)
 
 
 def time_to_last_token(ttft: float, n_tokens: int, tokens_per_second: float) -> float:
@@ -137,9 +120,9 @@ def time_to_last_token(ttft: float, n_tokens: int, tokens_per_second: float) -> 
 
     The first token is already inside TTFT; ``tokens_per_second`` is the rate after it.
     """
-    _positive("ttft", ttft, allow_zero=True)
-    _count("n_tokens", n_tokens)
-    return ttft + (n_tokens - 1) / _positive("tokens_per_second", tokens_per_second)
+    require_real("ttft", ttft, 0)
+    require_int("n_tokens", n_tokens, 1)
+    return ttft + (n_tokens - 1) / require_real("tokens_per_second", tokens_per_second, 0, strict_min=True)
 
 
 # --- replicas -------------------------------------------------------------------------------------
@@ -150,12 +133,12 @@ def peak_arrival_rate(
 ) -> float:
     """Peak attempts per second: daily requests spread over the active hours, times the peak factor,
     times (1 + retry allowance) for additional attempts (0.05 = 5 % extra)."""
-    _positive("requests_per_day", requests_per_day)
-    hours = _positive("active_hours", active_hours)
+    require_real("requests_per_day", requests_per_day, 0, strict_min=True)
+    hours = require_real("active_hours", active_hours, 0, strict_min=True)
     if hours > 24:
         raise ValueError(f"active_hours must be <= 24, got {active_hours}")
-    _positive("peak_factor", peak_factor)
-    _positive("retry_allowance", retry_allowance, allow_zero=True)
+    require_real("peak_factor", peak_factor, 0, strict_min=True)
+    require_real("retry_allowance", retry_allowance, 0)
     mean_rate = requests_per_day / (hours * SECONDS_PER_HOUR)
     return mean_rate * peak_factor * (1 + retry_allowance)
 
@@ -182,11 +165,11 @@ def replicas_needed(
     ``per_replica_rate`` is the measured rate one complete replica sustains within the latency SLO
     for this request mix; ``planning_utilization`` in (0, 1] is headroom, not a latency guarantee.
     """
-    _positive("arrival_rate", arrival_rate)
-    _positive("per_replica_rate", per_replica_rate)
+    require_real("arrival_rate", arrival_rate, 0, strict_min=True)
+    require_real("per_replica_rate", per_replica_rate, 0, strict_min=True)
     if not 0 < _fraction("planning_utilization", planning_utilization):
         raise ValueError("planning_utilization must satisfy 0 < planning_utilization <= 1")
-    _count("spare", spare, 0)
+    require_int("spare", spare, 0)
     budget = per_replica_rate * planning_utilization
     # the 1e-12 keeps an exact multiple (e.g. 5.6 / 2.8) from rounding up through float error
     return ReplicaPlan(budget, math.ceil(arrival_rate / budget - 1e-12), spare)
@@ -218,7 +201,7 @@ class CostBreakdown:
 
 def monthly_requests(requests_per_day: float = 100_000, days: int = 30) -> float:
     """Original requests per month (retries not included)."""
-    return _positive("requests_per_day", requests_per_day) * _count("days", days)
+    return require_real("requests_per_day", requests_per_day, 0, strict_min=True) * require_int("days", days, 1)
 
 
 def operating_allowances(
@@ -227,10 +210,10 @@ def operating_allowances(
 ) -> dict[str, float]:
     """Fixed monthly costs either option pays: application, maintenance, quality review (hours x $/h)."""
     return {
-        "application": _positive("application", application, allow_zero=True),
-        "maintenance": _positive("maintenance", maintenance, allow_zero=True),
-        "quality review": _positive("review_hours", review_hours, allow_zero=True)
-        * _positive("review_rate", review_rate, allow_zero=True),
+        "application": require_real("application", application, 0),
+        "maintenance": require_real("maintenance", maintenance, 0),
+        "quality review": require_real("review_hours", review_hours, 0)
+        * require_real("review_rate", review_rate, 0),
     }
 
 
@@ -251,14 +234,14 @@ def hosted_cost(
     Token counts are means per attempt; prices are $ per million tokens; ``cached_input_share`` of
     input tokens bills at the cached rate. ``allowances`` defaults to ``operating_allowances()``.
     """
-    _positive("requests_per_month", requests_per_month)
-    attempts = requests_per_month * _positive("attempt_factor", attempt_factor)
+    require_real("requests_per_month", requests_per_month, 0, strict_min=True)
+    attempts = requests_per_month * require_real("attempt_factor", attempt_factor, 0, strict_min=True)
     share = _fraction("cached_input_share", cached_input_share)
-    fed = attempts * _positive("input_tokens", input_tokens, allow_zero=True) / MILLION
-    out = attempts * _positive("output_tokens", output_tokens, allow_zero=True) / MILLION
-    input_price = _positive("input_price_per_m", input_price_per_m, allow_zero=True)
-    cached_price = _positive("cached_input_price_per_m", cached_input_price_per_m, allow_zero=True)
-    output_price = _positive("output_price_per_m", output_price_per_m, allow_zero=True)
+    fed = attempts * require_real("input_tokens", input_tokens, 0) / MILLION
+    out = attempts * require_real("output_tokens", output_tokens, 0) / MILLION
+    input_price = require_real("input_price_per_m", input_price_per_m, 0)
+    cached_price = require_real("cached_input_price_per_m", cached_input_price_per_m, 0)
+    output_price = require_real("output_price_per_m", output_price_per_m, 0)
     items = {
         "uncached input tokens": fed * (1 - share) * input_price,
         "cached input tokens": fed * share * cached_price,
@@ -280,17 +263,17 @@ def owned_cost(
 
     No per-token charge: inference on owned replicas is paid for by the hours.
     """
-    _count("replicas", replicas)
-    hours = _positive("hours_per_month", hours_per_month)
-    items = {"replica hours": replicas * _positive("hourly_rate", hourly_rate) * hours}
+    require_int("replicas", replicas, 1)
+    hours = require_real("hours_per_month", hours_per_month, 0, strict_min=True)
+    items = {"replica hours": replicas * require_real("hourly_rate", hourly_rate, 0, strict_min=True) * hours}
     items.update(operating_allowances() if allowances is None else _allowances(allowances))
-    return CostBreakdown(items, _positive("requests_per_month", requests_per_month), _useful(useful_fraction))
+    return CostBreakdown(items, require_real("requests_per_month", requests_per_month, 0, strict_min=True), _useful(useful_fraction))
 
 
 def _allowances(allowances: object) -> dict[str, float]:
     if not isinstance(allowances, dict):
         raise TypeError("allowances must be a dict of line item -> monthly US$")
-    return {str(k): _positive(f"allowances[{k!r}]", v, allow_zero=True) for k, v in allowances.items()}
+    return {str(k): require_real(f"allowances[{k!r}]", v, 0) for k, v in allowances.items()}
 
 
 def _useful(useful_fraction: object) -> float:
@@ -304,15 +287,15 @@ def _useful(useful_fraction: object) -> float:
 
 def speculative_time_per_token(draft_ms: float, verify_ms: float, tokens_advanced: float) -> float:
     """Milliseconds per advanced token: (draft + verify/correct time of one cycle) / tokens advanced."""
-    cycle = _positive("draft_ms", draft_ms, allow_zero=True) + _positive("verify_ms", verify_ms)
-    return cycle / _positive("tokens_advanced", tokens_advanced)
+    cycle = require_real("draft_ms", draft_ms, 0) + require_real("verify_ms", verify_ms, 0, strict_min=True)
+    return cycle / require_real("tokens_advanced", tokens_advanced, 0, strict_min=True)
 
 
 def speculative_speedup(
     baseline_ms_per_token: float, draft_ms: float, verify_ms: float, tokens_advanced: float
 ) -> float:
     """Baseline ms/token over speculative ms/token; below 1 means speculation is slower."""
-    baseline = _positive("baseline_ms_per_token", baseline_ms_per_token)
+    baseline = require_real("baseline_ms_per_token", baseline_ms_per_token, 0, strict_min=True)
     return baseline / speculative_time_per_token(draft_ms, verify_ms, tokens_advanced)
 
 
@@ -320,5 +303,5 @@ def expected_tokens_per_cycle(acceptance_rate: float, draft_len: int) -> float:
     """Expected tokens advanced per cycle, (1 - a^(k+1)) / (1 - a), for i.i.d. acceptance a of k
     drafted tokens (the target always contributes one token; a = 1 gives k + 1)."""
     a = _fraction("acceptance_rate", acceptance_rate)
-    k = _count("draft_len", draft_len, 0)
+    k = require_int("draft_len", draft_len, 0)
     return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)

@@ -38,6 +38,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from servelab._validate import require_int
 from servelab.kv import kv_bytes_per_token
 from servelab.metrics import ModelShape, decode_cost, prefill_cost
 
@@ -79,14 +80,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 
 
-def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
-
-
 def _num(name: str, value: object, minimum: float = 0.0, strict: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -124,7 +117,7 @@ def ring_allreduce_bytes(message_bytes: float, world_size: int) -> float:
     ``world_size`` 1 nothing moves.
     """
     m = _num("message_bytes", message_bytes)
-    t = _int("world_size", world_size, 1)
+    t = require_int("world_size", world_size, 1)
     return 2 * (t - 1) / t * m
 
 
@@ -134,9 +127,9 @@ def tp_allreduce_message_bytes(hidden_size: int, bytes_per_elem: int, tokens: in
     Two all-reduces per layer (after the row-parallel attention output projection and after the
     row-parallel MLP down projection), each of the ``tokens x hidden_size`` activations.
     """
-    h = _int("hidden_size", hidden_size, 1)
-    b = _int("bytes_per_elem", bytes_per_elem, 1)
-    n = _int("tokens", tokens, 1)
+    h = require_int("hidden_size", hidden_size, 1)
+    b = require_int("bytes_per_elem", bytes_per_elem, 1)
+    n = require_int("tokens", tokens, 1)
     return 2 * n * h * b
 
 
@@ -171,7 +164,7 @@ def tp_decode_step(model: ModelShape, tp: int, device: Accelerator, link_bandwid
         raise TypeError(f"model must be a ModelShape, got {type(model).__name__}")
     if not isinstance(device, Accelerator):
         raise TypeError(f"device must be an Accelerator, got {type(device).__name__}")
-    t = _int("tp", tp, 1)
+    t = require_int("tp", tp, 1)
     bw = _num("link_bandwidth", link_bandwidth, strict=True)
     lat = _num("link_latency_s", link_latency_s)
     cost = decode_cost(model, context_len, batch)
@@ -195,8 +188,8 @@ def pp_bubble_fraction(stages: int, microbatches: int) -> float:
     Each stage is busy ``m`` of the ``m + p - 1`` slots it takes the last micro-batch to leave the
     last stage (equal stage times, forward pass only).
     """
-    p = _int("stages", stages, 1)
-    m = _int("microbatches", microbatches, 1)
+    p = require_int("stages", stages, 1)
+    m = require_int("microbatches", microbatches, 1)
     return (p - 1) / (m + p - 1)
 
 
@@ -205,8 +198,8 @@ def pipeline_schedule(stages: int, microbatches: int) -> list[list[int | None]]:
 
     Micro-batch ``j`` is on stage ``s`` in slot ``s + j``; there are ``m + p - 1`` slots.
     """
-    p = _int("stages", stages, 1)
-    m = _int("microbatches", microbatches, 1)
+    p = require_int("stages", stages, 1)
+    m = require_int("microbatches", microbatches, 1)
     slots = m + p - 1
     return [[slot - s if 0 <= slot - s < m else None for slot in range(slots)] for s in range(p)]
 
@@ -235,11 +228,11 @@ def ep_all_to_all_bytes(tokens: int, hidden_size: int, bytes_per_elem: int, top_
     experts spread evenly and routing uniform, a destination is on another rank with probability
     ``(ep - 1) / ep``; only those copies cross the network.
     """
-    n = _int("tokens", tokens, 1)
-    h = _int("hidden_size", hidden_size, 1)
-    b = _int("bytes_per_elem", bytes_per_elem, 1)
-    k = _int("top_k", top_k, 1)
-    e = _int("ep", ep, 1)
+    n = require_int("tokens", tokens, 1)
+    h = require_int("hidden_size", hidden_size, 1)
+    b = require_int("bytes_per_elem", bytes_per_elem, 1)
+    k = require_int("top_k", top_k, 1)
+    e = require_int("ep", ep, 1)
     one_way = n * k * h * b * (e - 1) / e
     return EPTraffic(one_way, one_way)
 
@@ -249,12 +242,12 @@ def expert_rank_loads(tokens: int, num_experts: int, top_k: int, ep: int, skew: 
     """Token-expert assignments each EP rank receives when ``tokens`` tokens pick ``top_k`` distinct
     experts with Zipf-like popularity ``1 / rank**skew`` (``skew`` 0 = uniform). Experts are placed
     round-robin on ``ep`` ranks; drawn from ``random.Random(seed)``."""
-    n = _int("tokens", tokens, 1)
-    x = _int("num_experts", num_experts, 1)
-    k = _int("top_k", top_k, 1)
+    n = require_int("tokens", tokens, 1)
+    x = require_int("num_experts", num_experts, 1)
+    k = require_int("top_k", top_k, 1)
     if k > x:
         raise ValueError(f"top_k must be <= num_experts ({x}), got {k}")
-    e = _int("ep", ep, 1)
+    e = require_int("ep", ep, 1)
     if x % e:
         raise ValueError(f"ep must divide num_experts ({x}), got {e}")
     s = _num("skew", skew)
@@ -340,11 +333,11 @@ def disaggregation_estimate(model: ModelShape, prompt_tokens: int, device: Accel
         raise TypeError(f"model must be a ModelShape, got {type(model).__name__}")
     if not isinstance(device, Accelerator):
         raise TypeError(f"device must be an Accelerator, got {type(device).__name__}")
-    p = _int("prompt_tokens", prompt_tokens, 1)
+    p = require_int("prompt_tokens", prompt_tokens, 1)
     bw = _num("link_bandwidth", link_bandwidth, strict=True)
     lat = _num("link_latency_s", link_latency_s)
-    streams = _int("decode_streams", decode_streams, 0)
-    ctx = _int("decode_context", decode_context, 1)
+    streams = require_int("decode_streams", decode_streams, 0)
+    ctx = require_int("decode_context", decode_context, 1)
     u = _num("mfu", mfu, strict=True)
     if u > 1:
         raise ValueError(f"mfu must be in (0, 1], got {mfu}")
@@ -431,8 +424,8 @@ class AdapterArtifact:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name must be a non-empty str, got {self.name!r}")
-        _int("version", self.version, 1)
-        _int("size_bytes", self.size_bytes, 1)
+        require_int("version", self.version, 1)
+        require_int("size_bytes", self.size_bytes, 1)
         _num("published_ms", self.published_ms)
 
     @property
@@ -483,7 +476,7 @@ class HostAdapterCache:
     """
 
     def __init__(self, capacity_bytes: int) -> None:
-        self.capacity_bytes = _int("capacity_bytes", capacity_bytes, 0)
+        self.capacity_bytes = require_int("capacity_bytes", capacity_bytes, 0)
         self._entries: OrderedDict[AdapterKey, int] = OrderedDict()
 
     def __contains__(self, key: AdapterKey) -> bool:
@@ -516,7 +509,7 @@ class GpuAdapterCache:
     """
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = _int("capacity", capacity, 1)
+        self.capacity = require_int("capacity", capacity, 1)
         self._refs: OrderedDict[AdapterKey, set[str]] = OrderedDict()
 
     def __contains__(self, key: AdapterKey) -> bool:
@@ -792,7 +785,7 @@ def simulate_adapter_serving(requests: Sequence[AdapterRequest], registry: Adapt
     if not isinstance(costs, LoadCosts):
         raise TypeError(f"costs must be a LoadCosts, got {type(costs).__name__}")
     sim = _Sim(registry, base_model, GpuAdapterCache(gpu_slots), HostAdapterCache(host_bytes), costs,
-               _int("max_running", max_running, 1))
+               require_int("max_running", max_running, 1))
     for req in requests:
         sim.push(req.arrival_ms, "arrive", req)
     while sim.events:
@@ -814,7 +807,7 @@ def adapter_workload(num_requests: int, adapters: Sequence[str], *, mean_gap_ms:
     """Poisson arrivals (mean gap ``mean_gap_ms``) choosing adapters with popularity ``1 / rank**skew``;
     service times exponential around ``service_ms``; a share ``cancel_share`` of clients cancel after a
     uniform fraction of their service time. Drawn from ``random.Random(seed)``."""
-    n = _int("num_requests", num_requests, 1)
+    n = require_int("num_requests", num_requests, 1)
     if not adapters:
         raise ValueError("adapters must name at least one adapter")
     gap = _num("mean_gap_ms", mean_gap_ms, strict=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import Enum
 from numbers import Real
 
+from servelab._validate import require_int
 from servelab.kv import BlockAllocator
 
 __all__ = [
@@ -337,10 +338,7 @@ class SlotPool:
     """
 
     def __init__(self, capacity: int) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise TypeError(f"capacity must be an integer >= 1, got {type(capacity).__name__}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be an integer >= 1, got {capacity}")
+        require_int("capacity", capacity, 1)
         self._capacity = capacity
         self._held: dict[Hashable, int] = {}
         self._lock = threading.Lock()
@@ -368,10 +366,7 @@ class SlotPool:
         """Give ``owner`` ``n`` more units; False and no change when fewer than ``n`` are available."""
         if owner is None or not isinstance(owner, Hashable):
             raise TypeError(f"owner must be a hashable, non-None id, got {owner!r}")
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"n must be an integer >= 1, got {type(n).__name__}")
-        if n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {n}")
+        require_int("n", n, 1)
         with self._lock:
             if n > self._capacity - sum(self._held.values()):
                 return False
@@ -397,11 +392,7 @@ class Usage:
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "generated_tokens", "emitted_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an integer >= 0, got {type(value).__name__}")
-            if value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value}")
+            require_int(name, getattr(self, name), 0)
         if self.emitted_tokens > self.generated_tokens:
             raise ValueError(
                 f"emitted_tokens must be in [0, generated_tokens={self.generated_tokens}], "

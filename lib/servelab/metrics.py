@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from numbers import Real
 from typing import Sequence
 
 import numpy as np
 
+from servelab._validate import require_int, require_real
 from servelab.kv import kv_bytes_per_token
 
 __all__ = [
@@ -45,15 +45,6 @@ __all__ = [
 ]
 
 
-def _require_number(name: str, value: object, minimum: float = 0.0, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-        bound = ">" if strict else ">="
-        raise ValueError(f"{name} must be finite and {bound} {minimum}, got {value}")
-    return value
-
-
 def _require_emit_times(emit_times: object, minimum_count: int = 1) -> list:
     if not isinstance(emit_times, (list, tuple, np.ndarray)):
         raise TypeError("emit_times must be a list or tuple of emit instants")
@@ -61,7 +52,7 @@ def _require_emit_times(emit_times: object, minimum_count: int = 1) -> list:
     if len(times) < minimum_count:
         raise ValueError(f"emit_times must hold at least {minimum_count} instants, got {len(times)}")
     for t in times:
-        _require_number("emit_times[i]", t, -math.inf)
+        require_real("emit_times[i]", t, -math.inf)
     if any(b < a for a, b in zip(times, times[1:])):
         raise ValueError("emit_times must be non-decreasing")
     return times
@@ -69,7 +60,7 @@ def _require_emit_times(emit_times: object, minimum_count: int = 1) -> list:
 
 def ttft(arrival: float, emit_times: Sequence[float]) -> float:
     """Time to first token: first emit instant minus arrival (seconds)."""
-    _require_number("arrival", arrival, -math.inf)
+    require_real("arrival", arrival, -math.inf)
     times = _require_emit_times(emit_times)
     if times[0] < arrival:
         raise ValueError("emit_times[0] must not precede arrival")
@@ -93,7 +84,7 @@ def tpot(emit_times: Sequence[float]) -> float:
 
 def e2e_identity_holds(arrival: float, emit_times: Sequence[float], tol: float = 1e-9) -> bool:
     """Check t_last - t_arrival == TTFT + sum(ITL) within ``tol`` (an identity at one boundary)."""
-    _require_number("tol", tol)
+    require_real("tol", tol, 0.0)
     lhs = _require_emit_times(emit_times)[-1] - arrival
     return abs(lhs - (ttft(arrival, emit_times) + sum(itl(emit_times)))) <= tol
 
@@ -115,7 +106,7 @@ class RequestTiming:
     def __post_init__(self) -> None:
         object.__setattr__(self, "emit_times", tuple(_require_emit_times(self.emit_times)))
         for name in ("arrival", "first_scheduled", "finish"):
-            _require_number(name, getattr(self, name), -math.inf)
+            require_real(name, getattr(self, name), -math.inf)
         if not self.arrival <= self.first_scheduled <= self.emit_times[0]:
             raise ValueError("first_scheduled must lie between arrival and the first emit")
         if self.finish < self.emit_times[-1]:
@@ -162,8 +153,8 @@ def _require_records(records: object) -> list[RequestTiming]:
 def _require_window(window: object) -> tuple[float, float]:
     if not isinstance(window, tuple) or len(window) != 2:
         raise TypeError("window must be a (start, end) tuple in seconds")
-    start = _require_number("window[0]", window[0], -math.inf)
-    end = _require_number("window[1]", window[1], -math.inf)
+    start = require_real("window[0]", window[0], -math.inf)
+    end = require_real("window[1]", window[1], -math.inf)
     if end <= start:
         raise ValueError(f"window must satisfy start < end, got {window}")
     return start, end
@@ -203,10 +194,10 @@ def meets_slo(record: RequestTiming, ttft_slo: float, tpot_slo: float, deadline:
     """
     if not isinstance(record, RequestTiming):
         raise TypeError("record must be a RequestTiming")
-    _require_number("ttft_slo", ttft_slo)
-    _require_number("tpot_slo", tpot_slo)
+    require_real("ttft_slo", ttft_slo, 0.0)
+    require_real("tpot_slo", tpot_slo, 0.0)
     if deadline is not None:
-        _require_number("deadline", deadline)
+        require_real("deadline", deadline, 0.0)
     ok = record.ttft <= ttft_slo and (record.tpot is None or record.tpot <= tpot_slo)
     return ok and (deadline is None or record.e2e <= deadline)
 
@@ -261,7 +252,7 @@ def percentile(values: Sequence[float], q: float) -> Percentile:
     data = np.asarray(values, dtype=float)
     if data.ndim != 1 or data.size == 0 or not np.all(np.isfinite(data)):
         raise ValueError("values must be a non-empty 1-D sequence of finite numbers")
-    _require_number("q", q)
+    require_real("q", q, 0.0)
     if q >= 100:
         raise ValueError(f"q must satisfy 0 <= q < 100, got {q}")
     enough = data.size >= math.ceil(100 / (100 - q) - 1e-9)
@@ -278,16 +269,16 @@ def ridge_point(peak_flops: float, mem_bandwidth: float) -> float:
 
     A kernel whose arithmetic intensity is below I* cannot reach peak compute on this device.
     """
-    peak = _require_number("peak_flops", peak_flops, strict=True)
-    bw = _require_number("mem_bandwidth", mem_bandwidth, strict=True)
+    peak = require_real("peak_flops", peak_flops, 0.0, strict_min=True)
+    bw = require_real("mem_bandwidth", mem_bandwidth, 0.0, strict_min=True)
     return peak / bw
 
 
 def attainable_flops(intensity: float, peak_flops: float, mem_bandwidth: float) -> float:
     """Roofline ceiling min(peak, intensity x bandwidth), FLOP/s, for intensity in FLOP/byte."""
-    i = _require_number("intensity", intensity)
-    peak = _require_number("peak_flops", peak_flops, strict=True)
-    bw = _require_number("mem_bandwidth", mem_bandwidth, strict=True)
+    i = require_real("intensity", intensity, 0.0)
+    peak = require_real("peak_flops", peak_flops, 0.0, strict_min=True)
+    bw = require_real("mem_bandwidth", mem_bandwidth, 0.0, strict_min=True)
     return min(peak, i * bw)
 
 
@@ -341,14 +332,6 @@ def _require_shape(model: object) -> ModelShape:
     return model
 
 
-def _require_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= 1")
-    if value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value}")
-    return value
-
-
 def prefill_cost(model: ModelShape, prompt_len: int, batch: int = 1) -> PhaseCost:
     """One prefill pass over ``batch`` prompts of ``prompt_len`` tokens.
 
@@ -357,8 +340,8 @@ def prefill_cost(model: ModelShape, prompt_len: int, batch: int = 1) -> PhaseCos
     Bytes: weights read once, plus the prompt's KV written once. Activations are ignored.
     """
     m = _require_shape(model)
-    n = _require_count("prompt_len", prompt_len)
-    b = _require_count("batch", batch)
+    n = require_int("prompt_len", prompt_len, 1)
+    b = require_int("batch", batch, 1)
     flops = b * (2 * m.params * n + 2 * m.n_layers * m.hidden_size * n * (n + 1))
     return PhaseCost(flops, m.weight_bytes + b * n * m.kv_bytes_per_token)
 
@@ -370,7 +353,7 @@ def decode_cost(model: ModelShape, context_len: int, batch: int = 1) -> PhaseCos
     batch, plus every sequence's KV read (context_len tokens each). Activations are ignored.
     """
     m = _require_shape(model)
-    ctx = _require_count("context_len", context_len)
-    b = _require_count("batch", batch)
+    ctx = require_int("context_len", context_len, 1)
+    b = require_int("batch", batch, 1)
     flops = b * (2 * m.params + 4 * m.n_layers * m.hidden_size * ctx)
     return PhaseCost(flops, m.weight_bytes + b * ctx * m.kv_bytes_per_token)

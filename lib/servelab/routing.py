@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from servelab._validate import require_int
 from servelab.lifecycle import SlotPool
 
 __all__ = [
@@ -37,14 +38,6 @@ __all__ = [
 ]
 
 ROUTING_POLICIES = ("round-robin", "least-loaded", "max-hit", "min-completion")
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
 
 
 def _check_number(name: str, value: object, minimum: float = 0.0) -> float:
@@ -76,9 +69,9 @@ class PrefixRequest:
         if not isinstance(self.prefix, str):
             raise TypeError(f"prefix must be a str, got {type(self.prefix).__name__}")
         _check_number("arrival", self.arrival)
-        _check_int("prefix_tokens", self.prefix_tokens, 0)
-        _check_int("suffix_tokens", self.suffix_tokens, 1)
-        _check_int("output_tokens", self.output_tokens, 1)
+        require_int("prefix_tokens", self.prefix_tokens, 0)
+        require_int("suffix_tokens", self.suffix_tokens, 1)
+        require_int("output_tokens", self.output_tokens, 1)
 
 
 @dataclass(frozen=True)
@@ -92,7 +85,7 @@ class ReplicaModel:
     def __post_init__(self) -> None:
         _check_number("prefill_ms_per_token", self.prefill_ms_per_token)
         _check_number("decode_ms_per_token", self.decode_ms_per_token)
-        _check_int("cache_slots", self.cache_slots, 1)
+        require_int("cache_slots", self.cache_slots, 1)
 
     def service_ms(self, request: PrefixRequest, hit: bool) -> float:
         """Time one replica spends on ``request``; a hit skips the prefix's prefill."""
@@ -206,7 +199,7 @@ def route_requests(requests: Sequence[PrefixRequest], num_replicas: int, policy:
         raise TypeError("requests must contain only PrefixRequest objects")
     if len({r.name for r in requests}) != len(requests):
         raise ValueError("requests must have unique names")
-    _check_int("num_replicas", num_replicas, 1)
+    require_int("num_replicas", num_replicas, 1)
     if policy not in ROUTING_POLICIES:
         raise ValueError(f"policy must be one of {ROUTING_POLICIES}, got {policy!r}")
     if not isinstance(model, ReplicaModel):
@@ -230,11 +223,11 @@ def prefix_workload(num_requests: int, *, mean_gap_ms: float, hot_share: float, 
     """A skewed multi-tenant workload: a share ``hot_share`` of requests reuse one hot prefix, the rest
     spread uniformly over ``num_cold_prefixes`` others. Arrivals are Poisson (exponential gaps with mean
     ``mean_gap_ms``), drawn from ``random.Random(seed)``."""
-    _check_int("num_requests", num_requests, 1)
+    require_int("num_requests", num_requests, 1)
     _check_number("mean_gap_ms", mean_gap_ms)
     if not 0 <= _check_number("hot_share", hot_share) <= 1:
         raise ValueError(f"hot_share must be in [0, 1], got {hot_share}")
-    _check_int("num_cold_prefixes", num_cold_prefixes, 1)
+    require_int("num_cold_prefixes", num_cold_prefixes, 1)
     rng = random.Random(seed)
     now, requests = 0.0, []
     for i in range(num_requests):
@@ -253,7 +246,7 @@ class TenantQuota:
     """
 
     def __init__(self, limit: int) -> None:
-        self.limit = _check_int("limit", limit, 1)
+        self.limit = require_int("limit", limit, 1)
         self._pools: dict[Hashable, SlotPool] = {}
         self._tenant_of: dict[Hashable, Hashable] = {}
 

@@ -1,0 +1,103 @@
+"""Shared argument checks for the servelab library.
+
+Each checker returns the value it was given (unchanged, so an ``int`` passed to :func:`require_real`
+stays an ``int``), raises :class:`TypeError` when the value has the wrong type and :class:`ValueError`
+when it has the right type but lies outside the allowed range. Messages name the parameter and the
+allowed range, e.g. ``"capacity must be an int >= 1, got 0"``.
+
+``bool`` is rejected wherever a number is expected: ``True`` is an ``int`` to Python but never a
+meaningful count or duration here.
+
+Private to the library (the leading underscore): modules import it as
+``from servelab._validate import require_int``; it is not part of the public API.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+__all__ = ["require_int", "require_real", "require_name"]
+
+
+def _int_range(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f" in [{minimum}, {maximum}]"
+    if minimum is not None:
+        return f" >= {minimum}"
+    if maximum is not None:
+        return f" <= {maximum}"
+    return ""
+
+
+def require_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Check that ``value`` is an ``int`` (not a ``bool``) with ``minimum <= value <= maximum``.
+
+    Either bound may be ``None`` (unbounded). Returns ``value``.
+
+    Raises:
+        TypeError: ``value`` is not an ``int``, or is a ``bool``:
+            ``"{name} must be an int >= {minimum}, got {type}"``.
+        ValueError: ``value`` is out of range: ``"{name} must be an int >= {minimum}, got {value}"``
+            (``"an int in [{minimum}, {maximum}]"`` when both bounds are given).
+    """
+    wanted = f"{name} must be an int{_int_range(minimum, maximum)}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{wanted}, got {type(value).__name__}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"{wanted}, got {value}")
+    return value
+
+
+def _real_range(minimum: float | None, maximum: float | None, strict_min: bool, strict_max: bool) -> str:
+    if minimum is not None and maximum is not None:
+        left = "(" if strict_min else "["
+        right = ")" if strict_max else "]"
+        return f" and in {left}{minimum}, {maximum}{right}"
+    if minimum is not None:
+        return f" and {'>' if strict_min else '>='} {minimum}"
+    if maximum is not None:
+        return f" and {'<' if strict_max else '<='} {maximum}"
+    return ""
+
+
+def require_real(name: str, value: object, minimum: float | None = None, maximum: float | None = None, *,
+                 strict_min: bool = False, strict_max: bool = False) -> float:
+    """Check that ``value`` is a finite real number (not a ``bool``) inside the given range.
+
+    ``minimum``/``maximum`` may be ``None`` (unbounded); ``strict_min``/``strict_max`` exclude the
+    bound itself (``value > minimum`` instead of ``>=``). NaN and +/-inf are always rejected.
+    Returns ``value`` unchanged (an ``int`` stays an ``int``).
+
+    Raises:
+        TypeError: ``value`` is not a :class:`numbers.Real`, or is a ``bool``:
+            ``"{name} must be a real number, got {type}"``.
+        ValueError: ``value`` is not finite or out of range:
+            ``"{name} must be finite and >= {minimum}, got {value}"`` (``>`` when ``strict_min``;
+            ``"finite and in [{minimum}, {maximum}]"`` when both bounds are given).
+    """
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    too_low = minimum is not None and (value <= minimum if strict_min else value < minimum)
+    too_high = maximum is not None and (value >= maximum if strict_max else value > maximum)
+    if not math.isfinite(value) or too_low or too_high:
+        raise ValueError(
+            f"{name} must be finite{_real_range(minimum, maximum, strict_min, strict_max)}, got {value}"
+        )
+    return value
+
+
+def require_name(name: str, value: object) -> str:
+    """Check that ``value`` is a non-empty ``str``; ``name`` is the parameter's name for the message.
+
+    Returns ``value``.
+
+    Raises:
+        TypeError: ``value`` is not a ``str``: ``"{name} must be a non-empty str, got {type}"``.
+        ValueError: ``value`` is ``""``: ``"{name} must be a non-empty str"``.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a non-empty str, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty str")
+    return value
