@@ -399,3 +399,132 @@ def test_shipped_model_through_from_pretrained():
     ids = engine.tokenizer.encode(prompt).ids
     assert list(out.token_ids) == reference_generate(engine.runner.model, ids, 8)
     assert out.text == engine.tokenizer.decode(list(out.token_ids))
+
+
+def decoding_pair(engine: LLMEngine, params: SamplingParams) -> tuple[str, str]:
+    """Two requests, stepped until both are in decode."""
+    ids = engine.add_request(make_prompts(14, 1)[0], params), engine.add_request(make_prompts(15, 1)[0], params)
+    for _ in range(3):
+        engine.step()
+    assert all(engine._requests[i].lifecycle.state is RequestState.DECODE for i in ids)
+    return ids
+
+
+def test_paused_request_keeps_its_blocks_and_resumes_exactly(model, tokenizer):
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_model_len=128))
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    paused, other = decoding_pair(engine, params)
+    assert engine.pause(paused) is True
+    assert engine._requests[paused].lifecycle.state is RequestState.BACKPRESSURED
+    table, held = engine.allocator.block_table(paused), engine.allocator.num_tokens(paused)
+    slots = engine.slots.in_use
+    other_before = len(engine._requests[other].seq.output_ids)
+    records = []
+    for _ in range(5):
+        engine.step()
+        records.append(engine.trace[-1])
+        assert engine.allocator.block_table(paused) == table and engine.allocator.num_tokens(paused) == held
+        assert engine.slots.in_use == slots
+    assert all(paused in r.paused and paused not in r.descheduled for r in records)
+    assert not any(paused in r.decode_tokens or paused in r.prefill_tokens for r in records)
+    assert len(engine._requests[other].seq.output_ids) == other_before + 5
+    assert engine.resume(paused) is True
+    assert engine._requests[paused].lifecycle.state is RequestState.DECODE
+    finals = {}
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    for request_id, seed in ((paused, 14), (other, 15)):
+        assert list(finals[request_id].token_ids) == expected_ids(model, make_prompts(seed, 1)[0], params)
+    assert_clean(engine, 2)
+
+
+def test_paused_waiting_request_is_neither_admitted_nor_failed(model, tokenizer):
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_model_len=128))
+    queued = engine.add_request(make_prompts(16, 1)[0], GREEDY)
+    engine.pause(queued)
+    for _ in range(3):
+        assert engine.step() == []
+    assert engine.allocator.num_used_blocks == 0 and engine._requests[queued].lifecycle.state is RequestState.QUEUED
+    engine.resume(queued)
+    finals = []
+    while engine.has_unfinished():
+        finals += [o for o in engine.step() if o.finished]
+    assert list(finals[0].token_ids) == expected_ids(model, make_prompts(16, 1)[0])
+    assert_clean(engine, 1)
+
+
+def test_cancel_while_paused_frees_every_block(model, tokenizer):
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_model_len=128))
+    paused, other = decoding_pair(engine, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    engine.pause(paused)
+    engine.step()
+    held = len(engine.allocator.block_table(paused))
+    used = engine.allocator.num_used_blocks
+    assert engine.cancel(paused) is True
+    engine.allocator.check_invariants()
+    assert not engine.allocator.has_sequence(paused) and engine.allocator.num_used_blocks == used - held
+    record = engine.ledger.records[-1]
+    assert (record.request_id, record.state, record.from_state) == (paused, RequestState.CANCELLED,
+                                                                    RequestState.BACKPRESSURED)
+    assert record.blocks_freed == held and record.slots_released == 1
+    finals = {}
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals[paused].finish_reason == "cancelled" and finals[other].finish_reason == "length"
+    assert engine.pause(paused) is False and engine.resume(paused) is False
+    assert_clean(engine, 2)
+
+
+def test_deadline_while_paused_times_out_once(model, tokenizer):
+    now = [0.0]
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_model_len=128), clock=lambda: now[0])
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    late = engine.add_request(make_prompts(17, 1)[0], params, deadline_s=1.0)
+    engine.step()
+    engine.step()
+    engine.pause(late)
+    engine.step()
+    assert engine.allocator.num_used_blocks > 0
+    now[0] = 2.0
+    outs = engine.step()
+    assert [(o.request_id, o.finish_reason) for o in outs] == [(late, "timed_out")]
+    records = [r for r in engine.ledger.records if r.request_id == late]
+    assert len(records) == 1 and records[0].state is RequestState.TIMED_OUT
+    assert records[0].from_state is RequestState.BACKPRESSURED
+    assert engine.cancel(late) is False and engine.resume(late) is False
+    assert_clean(engine, 1)
+
+
+def test_pause_and_resume_unknown_ids_raise(model, tokenizer):
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_model_len=128))
+    with pytest.raises(KeyError, match="nope"):
+        engine.pause("nope")
+    with pytest.raises(KeyError, match="nope"):
+        engine.resume("nope")
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_paused_requests_under_memory_pressure_still_match_and_leave_nothing(model, tokenizer, mode):
+    """Pausing frees no memory: paused requests may still be preempted, and resume where they stopped."""
+    rng = random.Random(mode)
+    prompts = make_prompts(18, 5)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    engine = LLMEngine(model, tokenizer, config(block_size=4, num_blocks=16, max_num_batched_tokens=16,
+                                                     preemption_mode=mode, max_model_len=128))
+    ids = [engine.add_request(p, params, request_id=f"r{i}") for i, p in enumerate(prompts)]
+    finals = {}
+    while engine.has_unfinished():
+        live = [i for i in ids if i not in finals]
+        if rng.random() < 0.3:
+            engine.pause(rng.choice(live))
+        if rng.random() < 0.4:
+            engine.resume(rng.choice(live))
+        if all(engine._requests[i].seq.paused for i in live if i in engine._requests):
+            engine.resume(live[0])
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        engine.allocator.check_invariants()
+    assert any(r.paused for r in engine.trace)
+    assert any(r.preempted or r.swapped_out for r in engine.trace)
+    for i, prompt in enumerate(prompts):
+        assert list(finals[f"r{i}"].token_ids) == expected_ids(model, prompt, params), f"request r{i}"
+    assert_clean(engine, len(prompts))

@@ -9,6 +9,9 @@ Every terminal path (finished, cancelled, timed out, failed) goes through :meth:
 calls the one reclaim routine of ``servelab.lifecycle``: it frees the KV blocks, reservation, batch slot
 and host swap space and writes the request's single terminal record to :attr:`LLMEngine.ledger`.
 
+:meth:`LLMEngine.pause` / :meth:`LLMEngine.resume` deschedule a request, the third kind of preemption
+next to recompute and swap: it skips the steps while keeping its KV blocks (compute freed, not memory).
+
 System boundary: timestamps are taken with the injected ``clock`` (seconds) at the engine API: arrival is
 ``add_request``, an emit is the end of the step that hands a token to the caller. Network, HTTP and
 queueing in front of the engine are outside.
@@ -183,12 +186,43 @@ class LLMEngine:
 
         Returns False when it had already ended. Raises KeyError for an id this engine never issued.
         """
-        request = self._requests.get(request_id)
+        request = self._live(request_id)
         if request is None:
-            if self.ledger.has(request_id):
-                return False
-            raise KeyError(f"request_id {request_id!r} is unknown to this engine")
+            return False
         self._pending.append(self._end(request, "cancelled"))
+        return True
+
+    def pause(self, request_id: str) -> bool:
+        """Deschedule a request until :meth:`resume`: no step computes or samples it meanwhile.
+
+        It keeps everything it holds: a running request its KV blocks (and any reservation) and its
+        batch slot, so this frees compute, not memory (KV pressure can still preempt it by recompute or
+        swap). A waiting request is not admitted, a swapped one not swapped in. A request in decode
+        enters BACKPRESSURED (the lifecycle's paused-with-KV state); in other stages its lifecycle state
+        stays. Its deadline still runs and :meth:`cancel` still works, both through the one reclaim path.
+        Pausing a paused request changes nothing. Returns False when it had already ended; KeyError for
+        an unknown id.
+        """
+        request = self._live(request_id)
+        if request is None:
+            return False
+        request.seq.paused = True
+        if request.lifecycle.state is RequestState.DECODE:
+            request.lifecycle.transition(RequestState.BACKPRESSURED, self.clock())
+        return True
+
+    def resume(self, request_id: str) -> bool:
+        """Undo :meth:`pause`: the next step schedules the request again, from exactly where it stopped.
+
+        BACKPRESSURED goes back to DECODE. Resuming a request that is not paused changes nothing.
+        Returns False when it had already ended; KeyError for an unknown id.
+        """
+        request = self._live(request_id)
+        if request is None:
+            return False
+        request.seq.paused = False
+        if request.lifecycle.state is RequestState.BACKPRESSURED:
+            request.lifecycle.transition(RequestState.DECODE, self.clock())
         return True
 
     def step(self) -> list[RequestOutput]:
@@ -201,11 +235,12 @@ class LLMEngine:
         outputs += self._expire_deadlines(record.start)
         sched = self.last_schedule = self.scheduler.schedule()
         self._apply_transitions(sched, record.start)
+        ready = [seq for seq in self.scheduler.waiting if not seq.paused]
         if not sched.is_empty:
             outputs += self._run(sched, record)
-        elif self.scheduler.waiting and not (self.scheduler.running or self.scheduler.swapped):
+        elif ready and not (self.scheduler.running or self.scheduler.swapped):
             # an idle engine that cannot admit its first waiting request never will: fail it, not hang
-            stuck = self._requests[min(self.scheduler.waiting, key=self.scheduler.key).seq_id]
+            stuck = self._requests[min(ready, key=self.scheduler.key).seq_id]
             outputs.append(self._end(stuck, "failed", detail="cannot be scheduled even on an idle engine"))
         if sched.is_empty and not (outputs or sched.preempted or sched.swapped_out or sched.swapped_in):
             return outputs
@@ -417,6 +452,7 @@ class LLMEngine:
         record.swapped_out = list(sched.swapped_out)
         record.swapped_in = list(sched.swapped_in)
         record.descheduled = list(sched.descheduled)
+        record.paused = list(sched.paused)
         record.blocks_used = self.allocator.num_used_blocks
         record.blocks_free = self.allocator.num_free_blocks
         record.blocks_shared = sum(1 for holders in self.allocator.owners().values() if len(holders) > 1)
@@ -475,6 +511,13 @@ class LLMEngine:
         if self._id_in_use(request_id):
             raise ValueError(f"request_id {request_id!r} is already in use")
         return request_id
+
+    def _live(self, request_id: str) -> _Request | None:
+        """The request if it has not ended; None if it has; KeyError for an id this engine never issued."""
+        request = self._requests.get(request_id)
+        if request is None and not self.ledger.has(request_id):
+            raise KeyError(f"request_id {request_id!r} is unknown to this engine")
+        return request
 
     def _id_in_use(self, request_id: str) -> bool:
         return request_id in self._requests or self.ledger.has(request_id)

@@ -12,8 +12,13 @@ A tick decides what the next forward pass computes, under three limits at once:
 Order of a tick: swap-ins (in policy order) -> running sequences in policy order (each gets its decode
 token or next prefill chunk; those the token budget cannot reach are *descheduled* for the tick: they
 keep their KV, so this frees compute, not memory) -> admissions from the waiting queue in policy order.
-Admission stops for the tick once anything was preempted or is still swapped out, so freed memory goes
-back to the victims first.
+Admission stops for the tick once anything was preempted or is still swapped out (and not paused), so
+freed memory goes back to the victims first.
+
+A *paused* sequence (``Sequence.paused``, set by ``LLMEngine.pause``) is descheduled until resumed:
+every tick skips it in all three queues. A running one keeps its KV blocks and batch slot, a waiting
+one is not admitted, a swapped one is not swapped in. Pausing frees compute, not memory; a paused
+running sequence can still be picked as a preemption victim like any other.
 
 System boundary: the scheduler moves block ids and sequences. Bytes move through the :class:`KVMover`
 it is given (copy-on-write, swap out/in), always before the blocks involved can be reused. It never runs
@@ -68,7 +73,8 @@ class SchedulerOutput:
     preempted: list[str] = field(default_factory=list)  # by recompute: KV dropped
     swapped_out: list[str] = field(default_factory=list)
     swapped_in: list[str] = field(default_factory=list)
-    descheduled: list[str] = field(default_factory=list)  # running, KV kept, but no tokens this tick
+    descheduled: list[str] = field(default_factory=list)  # running, KV kept, token budget did not reach it
+    paused: list[str] = field(default_factory=list)  # paused by the caller, skipped in whichever queue it is
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) done this tick
 
     @property
@@ -119,8 +125,9 @@ class Scheduler:
         self.running.sort(key=self.key)
         budget = self._schedule_running(out, budget)
         scheduled = {c.seq_id for c in out.chunks}
-        out.descheduled = [s.seq_id for s in self.running if s.seq_id not in scheduled]
-        if not out.preempted and not out.swapped_out and not self.swapped:
+        out.descheduled = [s.seq_id for s in self.running if s.seq_id not in scheduled and not s.paused]
+        out.paused = [s.seq_id for queue in (self.running, self.swapped, self.waiting) for s in queue if s.paused]
+        if not out.preempted and not out.swapped_out and not any(not s.paused for s in self.swapped):
             self._admit_waiting(out, budget)
         return out
 
@@ -136,7 +143,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            count = self._chunk_size(seq, budget)
+            count = 0 if seq.paused else self._chunk_size(seq, budget)
             if count == 0:
                 i += 1
                 continue
@@ -201,10 +208,11 @@ class Scheduler:
             out.preempted.append(seq.seq_id)
 
     def _swap_in(self, out: SchedulerOutput) -> None:
-        """Bring swapped sequences back while batch slots and blocks allow, best-ranked first."""
+        """Bring swapped sequences (not paused ones) back while slots and blocks allow, best-ranked first."""
         self.swapped.sort(key=self.key)
-        while self.swapped and self.slots.available:
-            seq = self.swapped[0]
+        for seq in [s for s in self.swapped if not s.paused]:
+            if not self.slots.available:
+                return
             need = self._blocks_for(seq.num_tokens)  # its KV plus the slots of its next chunk
             if not self.allocator.reserve(seq.seq_id, need):
                 return
@@ -214,7 +222,7 @@ class Scheduler:
             self.allocator.release_reservation(seq.seq_id)
             self.mover.swap_in(seq.seq_id, blocks)
             self.allocator.mark_computed(seq.seq_id, seq.num_computed)  # the KV is back: offer it to the cache
-            self.swapped.pop(0)
+            self.swapped.remove(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             out.swapped_in.append(seq.seq_id)
@@ -223,7 +231,7 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         self.waiting.sort(key=self.key)
-        for seq in list(self.waiting):
+        for seq in [s for s in self.waiting if not s.paused]:
             if budget == 0 or not self.slots.available:
                 return
             if not self._try_admit(seq, budget, out):

@@ -57,6 +57,7 @@ class Sequence:
     num_computed: int = 0
     num_cached_prompt: int | None = None  # set at first admission
     status: SeqStatus = SeqStatus.WAITING
+    paused: bool = False  # descheduled by the caller: every tick skips it; it keeps whatever it holds
 
     @property
     def token_ids(self) -> list[int]:

@@ -23,6 +23,8 @@ class StepRecord:
         preempted: sequences whose KV was dropped (recompute later).
         swapped_out, swapped_in: sequences whose KV moved to / from host memory.
         descheduled: running sequences skipped this step (token budget spent); they kept their KV.
+        paused: requests the caller paused (``LLMEngine.pause``), skipped this step in whichever queue
+            they were; a paused running request keeps its KV blocks and batch slot.
         finished: sequence id -> finish reason, for requests that ended during this step.
         blocks_used, blocks_free: device KV blocks with refcount > 0 / == 0, after the step.
         blocks_shared: blocks with refcount > 1 (prefix sharing), after the step.
@@ -41,6 +43,7 @@ class StepRecord:
     swapped_out: list[str] = field(default_factory=list)
     swapped_in: list[str] = field(default_factory=list)
     descheduled: list[str] = field(default_factory=list)
+    paused: list[str] = field(default_factory=list)
     finished: dict[str, str] = field(default_factory=dict)
     blocks_used: int = 0
     blocks_free: int = 0
