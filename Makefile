@@ -42,7 +42,8 @@ checks: setup
 test-lib: setup
 	$(PY) -m pytest -q tests
 
-# Notebooks: committed without outputs and with the Colab set-up cell (tools/sync_notebooks.py),
+# Notebooks: committed executed (real outputs, tools/execute_notebooks.py) and with the Colab set-up
+# cell (tools/sync_notebooks.py),
 # then executed fresh by nbval in this environment: every cell must run; cells marked
 # "# NBVAL_CHECK_OUTPUT" must also reproduce their saved output.
 test-notebooks: setup

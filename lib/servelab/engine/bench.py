@@ -273,15 +273,18 @@ def targets_met(sections: dict) -> dict[str, dict[str, bool]]:
     return {name: {kind: r[kind] >= goal for kind in ("wall", "cpu")} for name, (r, goal) in checks.items()}
 
 
-def format_table(result: dict) -> str:
-    """Human-readable summary of a :func:`run` result."""
+def hardware_line(result: dict) -> str:
+    """Where a :func:`run` result was measured: every absolute figure is only true on this machine."""
     hw = result["hardware"]
+    return (f"{hw['cpu']}, {hw['cores']} cores, torch {hw['torch']}, {hw['threads']} thread(s), "
+            f"{hw['dtype']}, load average {hw['load_average_1m_at_start']:.1f} at start")
+
+
+def summary_rows(result: dict) -> list[tuple[str, str]]:
+    """(measurement, figure) pairs of a :func:`run` result; ratios are "x times faster", by best
+    wall-clock time and by best CPU time of this process."""
     b1, sk, cs = result["batch1"], result["skewed_32"], result["continuous_vs_static"]
     pc, cp = result["prefix_cache"], result["chunked_prefill"]
-
-    def row(label: str, value: str) -> str:
-        """One aligned line of the table."""
-        return f"{label:<54}{value:>18}"
 
     def times(r: dict) -> str:
         """A speed-up ratio by wall clock and by CPU time."""
@@ -289,32 +292,41 @@ def format_table(result: dict) -> str:
 
     tps = "{:.0f} tok/s".format
     ms = "{:.1f} ms".format
-    return "\n".join([
-        f"hardware: {hw['cpu']}, {hw['cores']} cores, torch {hw['torch']}, {hw['threads']} thread(s), fp32, "
-        f"load average {hw['load_average_1m_at_start']:.1f} at start",
-        "ratios: x times faster, by best wall-clock time and by best CPU time of this process",
-        "",
-        row("batch 1: engine", tps(b1["tokens_per_s"]["engine"])),
-        row("batch 1: no KV cache (full recompute)", tps(b1["tokens_per_s"]["no_kv_cache"])),
-        row("batch 1: transformers generate", tps(b1["tokens_per_s"]["transformers_generate"])),
-        row("batch 1: engine vs generate", times(b1["engine_vs_generate"])),
-        row("batch 1: engine vs no KV cache", times(b1["engine_vs_no_cache"])),
-        row("batch 1: the three produce the same tokens", str(b1["outputs_agree"])),
-        row("32 skewed requests: engine", tps(sk["tokens_per_s"]["engine"])),
-        row("32 skewed requests: generate, one padded batch", tps(sk["tokens_per_s"]["transformers_generate_static"])),
-        row("32 skewed requests: no KV cache, one at a time", tps(sk["tokens_per_s"]["no_kv_cache"])),
-        row("32 skewed requests: engine vs generate", times(sk["engine_vs_generate"])),
-        row("32 skewed requests: engine vs no KV cache", times(sk["engine_vs_no_cache"])),
-        row(f"{cs['batch_slots']} slots: continuous batching", tps(cs["tokens_per_s"]["continuous"])),
-        row(f"{cs['batch_slots']} slots: static batching", tps(cs["tokens_per_s"]["static"])),
-        row(f"{cs['batch_slots']} slots: continuous vs static", times(cs["continuous_vs_static"])),
-        row("shared prefix: mean TTFT, prefix cache off", ms(pc["ttft_s_cache_off"] * 1e3)),
-        row("shared prefix: mean TTFT, prefix cache on", ms(pc["ttft_s_cache_on"] * 1e3)),
-        row("long prompt arrives: max ITL of streams, unchunked", ms(cp["max_itl_s_unchunked"] * 1e3)),
-        row("long prompt arrives: max ITL of streams, chunked", ms(cp["max_itl_s_chunked"] * 1e3)),
-        row("long prompt arrives: its TTFT, unchunked", ms(cp["long_prompt_ttft_s_unchunked"] * 1e3)),
-        row("long prompt arrives: its TTFT, chunked", ms(cp["long_prompt_ttft_s_chunked"] * 1e3)),
-    ])
+    return [
+        ("batch 1: engine", tps(b1["tokens_per_s"]["engine"])),
+        ("batch 1: no KV cache (full recompute)", tps(b1["tokens_per_s"]["no_kv_cache"])),
+        ("batch 1: transformers generate", tps(b1["tokens_per_s"]["transformers_generate"])),
+        ("batch 1: engine vs generate", times(b1["engine_vs_generate"])),
+        ("batch 1: engine vs no KV cache", times(b1["engine_vs_no_cache"])),
+        ("batch 1: the three produce the same tokens", str(b1["outputs_agree"])),
+        ("32 skewed requests: engine", tps(sk["tokens_per_s"]["engine"])),
+        ("32 skewed requests: generate, one padded batch", tps(sk["tokens_per_s"]["transformers_generate_static"])),
+        ("32 skewed requests: no KV cache, one at a time", tps(sk["tokens_per_s"]["no_kv_cache"])),
+        ("32 skewed requests: engine vs generate", times(sk["engine_vs_generate"])),
+        ("32 skewed requests: engine vs no KV cache", times(sk["engine_vs_no_cache"])),
+        (f"{cs['batch_slots']} slots: continuous batching", tps(cs["tokens_per_s"]["continuous"])),
+        (f"{cs['batch_slots']} slots: static batching", tps(cs["tokens_per_s"]["static"])),
+        (f"{cs['batch_slots']} slots: continuous vs static", times(cs["continuous_vs_static"])),
+        ("shared prefix: mean TTFT, prefix cache off", ms(pc["ttft_s_cache_off"] * 1e3)),
+        ("shared prefix: mean TTFT, prefix cache on", ms(pc["ttft_s_cache_on"] * 1e3)),
+        ("long prompt arrives: max ITL of streams, unchunked", ms(cp["max_itl_s_unchunked"] * 1e3)),
+        ("long prompt arrives: max ITL of streams, chunked", ms(cp["max_itl_s_chunked"] * 1e3)),
+        ("long prompt arrives: its TTFT, unchunked", ms(cp["long_prompt_ttft_s_unchunked"] * 1e3)),
+        ("long prompt arrives: its TTFT, chunked", ms(cp["long_prompt_ttft_s_chunked"] * 1e3)),
+    ]
+
+
+def load_saved(path: Path = DEFAULT_OUT) -> dict:
+    """The result the last full benchmark run saved (the book shows it with its hardware)."""
+    return json.loads(Path(path).read_text())
+
+
+def format_table(result: dict) -> str:
+    """Human-readable summary of a :func:`run` result."""
+    lines = [f"hardware: {hardware_line(result)}",
+             "ratios: x times faster, by best wall-clock time and by best CPU time of this process", ""]
+    lines += [f"{label:<54}{value:>18}" for label, value in summary_rows(result)]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
