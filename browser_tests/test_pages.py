@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from conftest import HTML_DIR, built_pages
 
 HARMLESS_CONSOLE = [
@@ -102,6 +103,15 @@ def test_page(page_path: str, base_url: str, browser, screenshot_dir) -> None:
             page.wait_for_function(
                 """(n) => document.querySelectorAll('.js-plotly-plot svg.main-svg').length >= n""",
                 arg=n_figures, timeout=FIGURE_TIMEOUT_MS)
+        n_math = page.locator("span.math, div.math").count()
+        if n_math:  # MathJax is served by the book (no CDN): every formula must be typeset
+            try:
+                page.wait_for_function(
+                    """(n) => document.querySelectorAll('mjx-container').length >= n""",
+                    arg=n_math, timeout=FIGURE_TIMEOUT_MS)
+            except PlaywrightTimeout:
+                pass  # reported below as raw TeX
+        raw_tex = page.locator("span.math:not(:has(mjx-container)), div.math:not(:has(mjx-container))").count()
         plots = page.locator(".js-plotly-plot")
         n_plots = plots.count()
         undrawn = [i for i in range(n_plots)
@@ -129,6 +139,7 @@ def test_page(page_path: str, base_url: str, browser, screenshot_dir) -> None:
         "figure divs that never became plotly plots":
             [] if n_figures == n_plots else [f"{n_figures} divs, {n_plots} plots"],
         "plots without an svg": undrawn,
+        "formulas left as raw TeX": [f"{raw_tex} of {n_math}"] if raw_tex else [],
         "sliders that did not change their figure": unchanged,
         "outputs shown as text instead of drawn":
             [m for m in DEAD_OUTPUT_MARKERS if m in body_text],

@@ -14,6 +14,10 @@
 5. Each script is emitted once per page (sphinx-thebe's set-up script is otherwise doubled).
 6. ``SERVELAB_SOLUTIONS=0`` in the environment builds the book without exercise solutions
    (sphinx-exercise's ``hide_solutions``); ``make book SOLUTIONS=0`` sets it.
+7. MathJax is served by the book itself too: MathJax 3's ``tex-chtml.js`` with the components it loads
+   on demand (TeX extensions, CommonHTML fonts, the menu) is copied from the PyPI package
+   ``django-static-mathjax`` into ``_static/mathjax`` (``mathjax_path`` in ``_config.yml`` points
+   there), so formulas render with no network.
 """
 
 from __future__ import annotations
@@ -52,6 +56,30 @@ def copy_plotly_js(app: Sphinx, exception: Exception | None) -> None:
         static = Path(app.outdir) / "_static"
         static.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(plotly_js_source(), static / PLOTLY_JS)
+
+
+MATHJAX_ENTRY = "tex-chtml.js"
+MATHJAX_PARTS = ("input", "output", "ui", "a11y", "adaptors")  # loaded on demand by the entry script
+
+
+def mathjax_source() -> Path:
+    """The MathJax 3 ``es5`` folder shipped by the ``django-static-mathjax`` package."""
+    import mathjax
+
+    path = Path(mathjax.__file__).parent / "static" / "mathjax" / "es5"
+    if not (path / MATHJAX_ENTRY).is_file():
+        raise FileNotFoundError(f"MathJax's {MATHJAX_ENTRY} not found under {path}")
+    return path
+
+
+def copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
+    """After an HTML build, put MathJax (entry script and on-demand components) into _static/mathjax."""
+    if exception is None and app.builder.format == "html":
+        source, target = mathjax_source(), Path(app.outdir) / "_static" / "mathjax"
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / MATHJAX_ENTRY, target / MATHJAX_ENTRY)
+        for part in MATHJAX_PARTS:
+            shutil.copytree(source / part, target / part, dirs_exist_ok=True)
 
 
 def solutions_switch(app: Sphinx, config) -> None:
@@ -146,6 +174,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("env-get-outdated", reread_on_library_change)
     app.connect("source-read", note_glue_sources)
     app.connect("build-finished", copy_plotly_js)
+    app.connect("build-finished", copy_mathjax)
     app.connect("html-page-context", drop_duplicate_scripts, priority=900)  # after the others
     # Loaded synchronously in <head>, so window.Plotly exists before any figure's inline script.
     app.add_js_file(PLOTLY_JS, priority=100)
