@@ -53,8 +53,10 @@ test-notebooks: setup
 	    --nbval-sanitize-with notebooks/sanitize.cfg notebooks; \
 	else echo "no notebooks yet"; fi
 
+# Debian's chromium for the browser test, and a CJK font so the Chinese cheat sheet's screenshot is legible.
 browser-deps:
-	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@{ command -v chromium >/dev/null && fc-list :lang=zh | grep -q .; } || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null; }
 
 # Every page of the built book (make book-strict first) opened in Debian chromium; screenshots go
 # to _build/screenshots/.
