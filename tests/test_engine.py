@@ -1,6 +1,7 @@
 """servelab.engine: greedy equivalence with the full-recompute loop, scheduling, caching, preemption,
 streaming, lifecycle cleanup and input validation. Small random-weight models keep it fast on CPU."""
 
+import dataclasses
 import json
 import random
 
@@ -528,3 +529,109 @@ def test_paused_requests_under_memory_pressure_still_match_and_leave_nothing(mod
     for i, prompt in enumerate(prompts):
         assert list(finals[f"r{i}"].token_ids) == expected_ids(model, prompt, params), f"request r{i}"
     assert_clean(engine, len(prompts))
+
+
+# ----------------------------------------------------------------------------- parallel sampling (n > 1)
+
+
+def sample_ids(output) -> list[list[int]]:
+    return [list(s.token_ids) for s in output.samples]
+
+
+@pytest.mark.parametrize("overrides", CONFIGS[:4], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_greedy_parallel_samples_all_match_reference(model, tokenizer, overrides):
+    prompts = make_prompts(11, 3, shared_prefix=6)
+    engine = LLMEngine(model, tokenizer, config(max_model_len=128, **overrides))
+    params = SamplingParams(temperature=0.0, max_tokens=10, n=3)
+    finals = run_staggered(engine, prompts, params)
+    for i, prompt in enumerate(prompts):
+        out = finals[f"r{i}"]
+        assert [s.index for s in out.samples] == [0, 1, 2] and all(s.finished for s in out.samples)
+        assert sample_ids(out) == [expected_ids(model, prompt)] * 3, f"request r{i}"
+        assert list(out.token_ids) == expected_ids(model, prompt) and out.text == out.samples[0].text
+        assert out.usage.generated == sum(len(s.token_ids) + (s.finish_reason == "eos") for s in out.samples)
+        assert out.usage.prompt_tokens == len(prompt)
+    assert_clean(engine, len(prompts))
+    assert all(r.usage.generated_tokens == finals[r.request_id].usage.generated for r in engine.ledger.records)
+
+
+def test_single_sample_output_has_no_samples(model, tokenizer):
+    engine = LLMEngine(model, tokenizer, config(max_model_len=128))
+    out = engine.generate([make_prompts(12, 1)[0]], GREEDY)[0]
+    assert out.samples == () and out.timing is not None
+
+
+def test_seeded_parallel_sample_i_equals_a_single_request_seeded_seed_plus_i(model, tokenizer):
+    prompt = make_prompts(13, 1)[0]
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=40, ignore_eos=True, n=4)
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_num_batched_tokens=9, max_model_len=128))
+    out = engine.generate([prompt, make_prompts(14, 1)[0]], [seeded, GREEDY])[0]
+    alone = LLMEngine(model, tokenizer, config(block_size=8, max_model_len=128))
+    singles = alone.generate([prompt] * 4, [dataclasses.replace(seeded, n=1, seed=40 + i) for i in range(4)])
+    assert sample_ids(out) == [list(s.token_ids) for s in singles]
+    assert len({tuple(ids) for ids in sample_ids(out)}) > 1  # really different samples
+    assert out.usage.generated == 4 * 12 and out.finish_reason == "length"
+    assert_clean(engine, 2)
+
+
+def test_parallel_samples_share_the_prompt_blocks(model, tokenizer):
+    from servelab.kv import physical_blocks_no_sharing
+
+    prompt = make_prompts(15, 1, shared_prefix=10)[0][:10]  # 10 tokens: two full blocks and a partial tail
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_model_len=128))
+    engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, n=3),
+                       request_id="b")
+    for _ in range(4):  # prefill + fork, then a few decode steps
+        engine.step()
+    seqs = [s.seq for s in engine._requests["b"].samples]
+    assert all(len(seq.output_ids) == 4 for seq in seqs)
+    tables = [engine.allocator.block_table(seq.seq_id) for seq in seqs]
+    assert tables[0][:2] == tables[1][:2] == tables[2][:2]
+    assert [engine.allocator.refcount(b) for b in tables[0][:2]] == [3, 3]
+    assert len({t[2] for t in tables}) == 3  # the shared partial tail was copied on write
+    separate = physical_blocks_no_sharing([seq.num_tokens for seq in seqs], 4)
+    assert engine.allocator.num_used_blocks == 2 + 3 * 2 < separate == 12
+    assert any(rec.blocks_shared == 2 for rec in engine.trace)
+    while engine.has_unfinished():
+        engine.step()
+    assert_clean(engine, 1)
+
+
+def test_cancelling_a_parallel_request_mid_decode_frees_every_sample(model, tokenizer):
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_model_len=128))
+    params = SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True, n=3)
+    engine.add_request(make_prompts(16, 1)[0], params, request_id="c")
+    for _ in range(3):  # prefill + fork (one token per sample), then two decode steps
+        engine.step()
+    assert engine.allocator.num_used_blocks > 0 and engine.slots.in_use == 3
+    assert engine.cancel("c")
+    final = [o for o in engine.step() if o.request_id == "c"][0]
+    assert final.finished and final.finish_reason == "cancelled"
+    assert [s.finish_reason for s in final.samples] == ["cancelled"] * 3
+    record = engine.ledger.records[0]
+    assert record.slots_released == 3 and record.usage.generated_tokens == final.usage.generated == 3 * 3
+    assert_clean(engine, 1)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_parallel_samples_under_preemption_still_match(model, tokenizer, mode):
+    prompts = make_prompts(17, 2)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, n=3)
+    engine = LLMEngine(model, tokenizer, config(block_size=4, num_blocks=10, max_num_batched_tokens=16,
+                                                preemption_mode=mode, max_model_len=128))
+    finals = run_staggered(engine, prompts, params, every=1)
+    for i, prompt in enumerate(prompts):
+        assert sample_ids(finals[f"r{i}"]) == [expected_ids(model, prompt, params)] * 3, f"request r{i}"
+    evicted = [s for t in engine.trace for s in (t.swapped_out if mode == "swap" else t.preempted)]
+    assert any("/" in seq_id for seq_id in evicted), "a forked sample should have been preempted"
+    assert_clean(engine, len(prompts))
+
+
+def test_n_beyond_the_batch_slots_is_rejected_and_beyond_the_pool_waits(model, tokenizer):
+    engine = LLMEngine(model, tokenizer, config(block_size=4, num_blocks=5, max_num_seqs=4, max_model_len=128))
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        engine.add_request([1, 2, 3], SamplingParams(n=5))
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, n=4)  # 4 x 4 blocks > 5
+    out = engine.generate([[1, 2, 3, 4, 5]], params)[0]
+    assert sample_ids(out) == [expected_ids(model, [1, 2, 3, 4, 5], params)] * 4
+    assert_clean(engine, 1)

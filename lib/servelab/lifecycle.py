@@ -471,7 +471,8 @@ def reclaim(
        of its KV reservation and decref its blocks through ``allocator.free``; a block shared with a
        prefix or a sibling returns to the pool only when its last holder frees it. A request still in
        QUEUED/DEGRADED has a reservation and no blocks, so only the reservation is rolled back;
-    2. release its batch slot (``slots``) and host swap space (``host_swap``), both keyed by request id;
+    2. release its batch slots (``slots``) and host swap space (``host_swap``), keyed by request id or
+       by any of its ``seq_ids`` (an engine running n samples holds one slot per sample sequence);
     3. move the lifecycle to ``terminal_state`` at ``at`` and append one ``TerminalRecord`` to ``ledger``.
 
     Returns True when this call ended the request, False when it had already ended (a racing cancel
@@ -513,8 +514,9 @@ def reclaim(
         for seq_id in seq_ids:
             reserved += allocator.release_reservation(seq_id)
             blocks += allocator.free(seq_id)
-        slot_count = slots.release(lifecycle.request_id) if slots is not None else 0
-        swap_count = host_swap.release(lifecycle.request_id) if host_swap is not None else 0
+        owners = (lifecycle.request_id, *seq_ids)  # a best-of-n engine may key them by sequence
+        slot_count = sum(slots.release(o) for o in owners) if slots is not None else 0
+        swap_count = sum(host_swap.release(o) for o in owners) if host_swap is not None else 0
         lifecycle._history.append((terminal_state, at))
         ledger.append(
             TerminalRecord(

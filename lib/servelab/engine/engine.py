@@ -9,6 +9,16 @@ Every terminal path (finished, cancelled, timed out, failed) goes through :meth:
 calls the one reclaim routine of ``servelab.lifecycle``: it frees the KV blocks, reservation, batch slot
 and host swap space and writes the request's single terminal record to :attr:`LLMEngine.ledger`.
 
+Parallel sampling (``params.n > 1``): the prompt is prefilled once, by sample 0's sequence, which holds a
+batch slot for each sibling from admission on. When its last prompt chunk has run, the engine forks it
+(``Scheduler.fork`` -> ``BlockAllocator.fork``): every sibling's block table shares the prompt's blocks
+(refcount n, ``M_KV ~ M_prompt + n * M_generated``), each sample draws its first token from the same
+last-position logits with its own generator (seed + i), and the first write into the shared partially
+filled tail is copied on write through the scheduler's ``BlockCopy`` path. Then the samples decode, and
+may be preempted, as independent sequences. A sample that finishes while siblings go on returns its
+blocks and slot at once; the request ends when the last sample does, or, cancelled / timed out / failed,
+all at once through the one ``reclaim`` call over every sample's sequence id.
+
 :meth:`LLMEngine.pause` / :meth:`LLMEngine.resume` deschedule a request, the third kind of preemption
 next to recompute and swap: it skips the steps while keeping its KV blocks (compute freed, not memory).
 
@@ -67,8 +77,29 @@ class TokenUsage:
 
 
 @dataclass(frozen=True)
+class SampleOutput:
+    """One of the ``n`` samples of a parallel-sampling request: this step's delta plus its totals."""
+
+    index: int  # 0 .. n-1; sample i was drawn with seed + i when the request had a seed
+    delta: str
+    text: str
+    delta_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
 class RequestOutput:
-    """What one step produced for one request: the new text and ids, plus the totals so far."""
+    """What one step produced for one request: the new text and ids, plus the totals so far.
+
+    With ``params.n > 1`` the request has ``n`` samples: ``samples`` holds all of them (empty when
+    n == 1) and the text and id fields mirror sample 0, so code written for one answer still reads one.
+    ``finished`` is True once every sample has finished; ``finish_reason`` is then the request's:
+    cancelled / timed_out / failed when it was cut short, else that of the sample that finished last.
+    ``usage`` sums ``generated``, ``emitted`` and ``committed`` over the samples. ``timing`` is per
+    token stream, so it is only set for n == 1.
+    """
 
     request_id: str
     delta: str
@@ -79,14 +110,16 @@ class RequestOutput:
     finish_reason: str | None
     usage: TokenUsage
     timing: RequestTiming | None  # set once finished, when at least one token was emitted
+    samples: tuple[SampleOutput, ...] = ()
 
 
 @dataclass(eq=False)
-class _Request:
-    """Engine-side state of one request around its scheduler :class:`Sequence`."""
+class _Sample:
+    """One sample's generation state around its scheduler :class:`Sequence` (a request has ``n``)."""
 
+    index: int
+    request_id: str
     seq: Sequence
-    lifecycle: RequestLifecycle
     detok: IncrementalDetokenizer
     stops: StopStringBuffer
     text: str = ""
@@ -94,6 +127,27 @@ class _Request:
     emitted_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     committed_at_end: int = 0
+    delta: str = ""  # text produced since the last output, not yet handed out
+    delta_ids: tuple[int, ...] = ()  # ids released since the last output
+
+
+@dataclass(eq=False)
+class _Request:
+    """Engine-side state of one request: its lifecycle and its samples (one unless ``params.n > 1``).
+
+    Before the fork only sample 0's sequence is scheduled; it holds a batch slot for every sibling.
+    """
+
+    request_id: str
+    lifecycle: RequestLifecycle
+    samples: list[_Sample]
+    forked: bool = False
+    finish_reason: str | None = None
+
+    @property
+    def seq(self) -> Sequence:
+        """Sample 0's sequence: the one scheduled before the fork, the only one when n == 1."""
+        return self.samples[0].seq
 
 
 class LLMEngine:
@@ -124,6 +178,7 @@ class LLMEngine:
         self.trace: list[StepRecord] = []
         self.last_schedule: SchedulerOutput | None = None  # the most recent scheduler tick, for inspection
         self._requests: dict[str, _Request] = {}
+        self._samples: dict[str, _Sample] = {}  # by sequence id: every sample of every live request
         self._pending: list[RequestOutput] = []  # final outputs of requests ended between steps
         self._arrivals = itertools.count()
         self._auto_ids = itertools.count()
@@ -166,15 +221,21 @@ class LLMEngine:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {type(priority).__name__}")
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-        seq = Sequence(request_id, prompt_ids, params, next(self._arrivals), SequenceTimes(arrival),
-                       torch.Generator().manual_seed(seed), namespace=namespace, priority=priority,
-                       deadline=None if deadline_s is None else arrival + deadline_s)
+        arrival_index = next(self._arrivals)
+        samples = []
+        for i, seq_id in enumerate(self._sample_ids(request_id, params.n)):
+            seq = Sequence(seq_id, prompt_ids, params, arrival_index, SequenceTimes(arrival),
+                           torch.Generator().manual_seed(seed + i), namespace=namespace, priority=priority,
+                           deadline=None if deadline_s is None else arrival + deadline_s)
+            samples.append(_Sample(i, request_id, seq, IncrementalDetokenizer(self.tokenizer),
+                                   StopStringBuffer(list(params.stop))))
+        samples[0].seq.samples_to_fork = params.n - 1
         lifecycle = RequestLifecycle(request_id, at=arrival)
         lifecycle.transition(RequestState.VALIDATED, arrival)
         lifecycle.transition(RequestState.QUEUED, arrival)
-        self._requests[request_id] = _Request(seq, lifecycle, IncrementalDetokenizer(self.tokenizer),
-                                              StopStringBuffer(list(params.stop)))
-        self.scheduler.add(seq)
+        self._requests[request_id] = _Request(request_id, lifecycle, samples)
+        self._samples.update((s.seq.seq_id, s) for s in samples)
+        self.scheduler.add(samples[0].seq)  # the siblings join when it forks, after its prompt
         return request_id
 
     def has_unfinished(self) -> bool:
@@ -206,7 +267,8 @@ class LLMEngine:
         request = self._live(request_id)
         if request is None:
             return False
-        request.seq.paused = True
+        for sample in request.samples:
+            sample.seq.paused = True
         if request.lifecycle.state is RequestState.DECODE:
             request.lifecycle.transition(RequestState.BACKPRESSURED, self.clock())
         return True
@@ -220,7 +282,8 @@ class LLMEngine:
         request = self._live(request_id)
         if request is None:
             return False
-        request.seq.paused = False
+        for sample in request.samples:
+            sample.seq.paused = False
         if request.lifecycle.state is RequestState.BACKPRESSURED:
             request.lifecycle.transition(RequestState.DECODE, self.clock())
         return True
@@ -240,7 +303,7 @@ class LLMEngine:
             outputs += self._run(sched, record)
         elif ready and not (self.scheduler.running or self.scheduler.swapped):
             # an idle engine that cannot admit its first waiting request never will: fail it, not hang
-            stuck = self._requests[min(ready, key=self.scheduler.key).seq_id]
+            stuck = self._request_of(min(ready, key=self.scheduler.key).seq_id)
             outputs.append(self._end(stuck, "failed", detail="cannot be scheduled even on an idle engine"))
         if sched.is_empty and not (outputs or sched.preempted or sched.swapped_out or sched.swapped_in):
             return outputs
@@ -256,7 +319,8 @@ class LLMEngine:
 
         This drives :meth:`step` itself: other queued requests advance too, but their outputs are not
         returned here (a server with many clients calls :meth:`step` and routes outputs instead).
-        Closing the generator early cancels the request. ``kwargs`` go to :meth:`add_request`.
+        Closing the generator early cancels the request. ``kwargs`` go to :meth:`add_request`. With
+        ``params.n > 1`` the deltas are sample 0's (see :class:`RequestOutput`).
         """
         request_id = self.add_request(prompt, params, **kwargs)
         finished = False
@@ -306,75 +370,135 @@ class LLMEngine:
 
     def _run(self, sched: SchedulerOutput, record: StepRecord) -> list[RequestOutput]:
         """Forward pass over the scheduled chunks, then sampling and output processing."""
-        requests = [self._requests[c.seq_id] for c in sched.chunks]
-        rows = [(r.seq.token_ids[c.start:c.start + c.num_tokens], c.start,
-                 self.allocator.block_table(c.seq_id), c.sample) for r, c in zip(requests, sched.chunks)]
-        for request, chunk in zip(requests, sched.chunks):
+        samples = [self._samples[c.seq_id] for c in sched.chunks]
+        rows = [(s.seq.token_ids[c.start:c.start + c.num_tokens], c.start,
+                 self.allocator.block_table(c.seq_id), c.sample) for s, c in zip(samples, sched.chunks)]
+        for sample, chunk in zip(samples, sched.chunks):
             # decode = computing the newest generated token; anything else is (re)filling the cache
-            decode = chunk.sample and chunk.num_tokens == 1 and chunk.start >= len(request.seq.prompt_ids)
+            decode = chunk.sample and chunk.num_tokens == 1 and chunk.start >= len(sample.seq.prompt_ids)
             counts = record.decode_tokens if decode else record.prefill_tokens
             counts[chunk.seq_id] = chunk.num_tokens
             record.positions[chunk.seq_id] = (chunk.start, chunk.start + chunk.num_tokens)
-            if request.seq.times.first_scheduled is None:
-                request.seq.times.first_scheduled = record.start
+            if sample.seq.times.first_scheduled is None:
+                sample.seq.times.first_scheduled = record.start
+        requests = list(dict.fromkeys(self._requests[s.request_id] for s in samples))
         try:
             logits = self.runner.execute(rows)
         except Exception as exc:  # the forward pass failed: every request in it fails, nothing leaks
             return [self._end(r, "failed", detail=repr(exc)) for r in requests]
-        for request, chunk in zip(requests, sched.chunks):
-            self.scheduler.commit(chunk, request.seq)
-        sampled = [r for r, c in zip(requests, sched.chunks) if c.sample]
+        for sample, chunk in zip(samples, sched.chunks):
+            self.scheduler.commit(chunk, sample.seq)
+        picks = self._fork_finished_prompts([s for s, c in zip(samples, sched.chunks) if c.sample])
+        sampled = [s for s, _ in picks]
         try:
-            tokens = sample_tokens(logits, [SamplingRow(r.seq.params, r.seq.prompt_ids, r.seq.output_ids,
-                                                        r.seq.generator) for r in sampled])
+            if len(picks) != logits.shape[0]:  # forked samples draw from their parent's logits row
+                logits = logits[torch.tensor([row for _, row in picks], device=logits.device)]
+            tokens = sample_tokens(logits, [SamplingRow(s.seq.params, s.seq.prompt_ids, s.seq.output_ids,
+                                                        s.seq.generator) for s in sampled])
         except Exception as exc:
-            return [self._end(r, "failed", detail=repr(exc)) for r in sampled]
+            return [self._end(r, "failed", detail=repr(exc))
+                    for r in dict.fromkeys(self._requests[s.request_id] for s in sampled)]
         now = self.clock()
-        return [self._accept(request, token, now) for request, token in zip(sampled, tokens)]
+        stops: dict[_Request, list[tuple[_Sample, str]]] = {}  # every sampled request, in batch order
+        failures: dict[_Request, str] = {}
+        for sample, token in zip(sampled, tokens):
+            request = self._requests[sample.request_id]
+            stops.setdefault(request, [])
+            if request in failures:  # a sibling already failed it: the whole request ends
+                continue
+            reason, detail = self._accept(request, sample, token, now)
+            if reason == "failed":
+                failures[request] = detail
+            elif reason is not None:
+                stops[request].append((sample, reason))
+        return [self._conclude(r, stops[r], failures.get(r)) for r in stops]
 
-    def _accept(self, request: _Request, token: int | None, now: float) -> RequestOutput:
-        """Append a sampled token, produce its text, and end the request if a stop condition fired."""
-        seq = request.seq
+    def _fork_finished_prompts(self, sampled: list[_Sample]) -> list[tuple[_Sample, int]]:
+        """Fork each request whose prompt just got computed into its ``n`` samples.
+
+        Returns the samples to draw a token for, each with the logits row it draws from: a forked
+        request's samples all read the row of its last prompt position.
+        """
+        picks: list[tuple[_Sample, int]] = []
+        for row, sample in enumerate(sampled):
+            request = self._requests[sample.request_id]
+            if len(request.samples) > 1 and not request.forked:
+                siblings = request.samples[1:]
+                self.scheduler.fork(sample.seq, [s.seq for s in siblings])
+                for sibling in siblings:
+                    sibling.seq.times.first_scheduled = sample.seq.times.first_scheduled
+                request.forked = True
+                picks += [(s, row) for s in request.samples]
+            else:
+                picks.append((sample, row))
+        return picks
+
+    def _accept(self, request: _Request, sample: _Sample, token: int | None,
+                now: float) -> tuple[str | None, str]:
+        """Append a sampled token to ``sample`` and produce its text.
+
+        Returns the stop condition it fired (None if none) and, for ``"failed"``, why.
+        """
+        seq = sample.seq
         if token is None:
-            return self._end(request, "failed", detail="the hard constraints mask every token")
+            return "failed", "the hard constraints mask every token"
         seq.output_ids.append(token)
         if request.lifecycle.state is RequestState.PREFILL:
             request.lifecycle.transition(RequestState.DECODE, now)
         try:
-            reason, delta = self._new_text(request, token)
+            reason, delta = self._new_text(sample, token)
         except Exception as exc:  # e.g. the tokenizer cannot decode: this request fails, the others go on
-            return self._end(request, "failed", detail=repr(exc))
-        request.text += delta
-        if reason is not None:
-            return self._end(request, reason, delta=delta)
-        return self._output(request, delta, self._release_ids(request, now))
+            return "failed", repr(exc)
+        sample.text += delta
+        sample.delta += delta
+        if reason is None:
+            sample.delta_ids += self._release_ids(sample, now)
+        return reason, ""
 
-    def _new_text(self, request: _Request, token: int) -> tuple[str | None, str]:
+    def _conclude(self, request: _Request, stops: list[tuple[_Sample, str]], failure: str | None) -> RequestOutput:
+        """This step's output for a request with sampled tokens: settle the samples that stopped, free
+        their KV early when siblings go on, and end the request once no sample is left."""
+        if failure is not None:
+            return self._end(request, "failed", detail=failure)
+        if not stops:
+            return self._output(request)
+        now = self.clock()
+        for sample, reason in stops:
+            self._settle(sample, reason, now)
+        if all(s.finish_reason is not None for s in request.samples):
+            return self._end(request, stops[-1][1], at=now)
+        for sample, _ in stops:  # siblings still decode: its blocks and slot go back now
+            self.scheduler.drop(sample.seq)
+            self.allocator.free(sample.seq.seq_id)
+            self.slots.release(sample.seq.seq_id)
+        return self._output(request)
+
+    def _new_text(self, sample: _Sample, token: int) -> tuple[str | None, str]:
         """The stop condition that ``token`` fired (None if none) and the text now safe to send."""
-        seq = request.seq
+        seq = sample.seq
         if token == self._eos and not seq.params.ignore_eos:
             return "eos", ""
-        delta = request.stops.push(request.detok.update(seq.output_ids))
-        request.token_ends.append(len(request.detok.text))
-        if request.stops.finished:
+        delta = sample.stops.push(sample.detok.update(seq.output_ids))
+        sample.token_ends.append(len(sample.detok.text))
+        if sample.stops.finished:
             return "stop", delta
         if len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length", delta
         return None, delta
 
     @staticmethod
-    def _release_ids(request: _Request, now: float, partial: bool = False) -> tuple[int, ...]:
+    def _release_ids(sample: _Sample, now: float, partial: bool = False) -> tuple[int, ...]:
         """Hand out the token ids whose text has reached the caller (``partial``: also those cut by a stop
         string), stamping their emit time. An id whose text is still held back waits with it."""
-        released, new = len(request.text), []
-        while len(request.emitted_ids) < len(request.token_ends):
-            i = len(request.emitted_ids)
-            start = request.token_ends[i - 1] if i else 0
-            if not (request.token_ends[i] <= released or (partial and start < released)):
+        released, new = len(sample.text), []
+        while len(sample.emitted_ids) < len(sample.token_ends):
+            i = len(sample.emitted_ids)
+            start = sample.token_ends[i - 1] if i else 0
+            if not (sample.token_ends[i] <= released or (partial and start < released)):
                 break
-            request.emitted_ids.append(request.seq.output_ids[i])
-            request.seq.times.emits.append(now)
-            new.append(request.seq.output_ids[i])
+            sample.emitted_ids.append(sample.seq.output_ids[i])
+            sample.seq.times.emits.append(now)
+            new.append(sample.seq.output_ids[i])
         return tuple(new)
 
     def _expire_deadlines(self, now: float) -> list[RequestOutput]:
@@ -382,59 +506,86 @@ class LLMEngine:
         return [self._end(r, "timed_out") for r in expired]
 
     def _apply_transitions(self, sched: SchedulerOutput, now: float) -> None:
-        """Mirror the tick's decisions in each request's lifecycle (in the order they happened)."""
-        for seq_id in sched.swapped_in:
-            request = self._requests[seq_id]
+        """Mirror the tick's decisions in each request's lifecycle (in the order they happened).
+
+        After the fork the lifecycle stays in DECODE while any sample runs: a sample's own preemption
+        shows in the trace, not in the request's state.
+        """
+        def unforked(seq_ids: list[str]) -> list[_Request]:
+            return [r for r in map(self._request_of, seq_ids) if not r.forked]
+
+        for request in unforked(sched.swapped_in):
             resumed = RequestState.DECODE if request.seq.output_ids else RequestState.PREFILL
             request.lifecycle.transition(resumed, now)
-        for seq_id in sched.preempted:
-            self._requests[seq_id].lifecycle.transition(RequestState.PREEMPTED, now)
-        for seq_id in sched.swapped_out:
-            self._requests[seq_id].lifecycle.transition(RequestState.SWAPPED, now)
-        for seq_id in sched.admitted:
-            self._requests[seq_id].lifecycle.transition(RequestState.PREFILL, now)
+        for request in unforked(sched.preempted):
+            request.lifecycle.transition(RequestState.PREEMPTED, now)
+        for request in unforked(sched.swapped_out):
+            request.lifecycle.transition(RequestState.SWAPPED, now)
+        for request in unforked(sched.admitted):
+            request.lifecycle.transition(RequestState.PREFILL, now)
 
     # ------------------------------------------------------------------------------------------ the end
 
-    def _end(self, request: _Request, reason: str, delta: str = "", detail: str = "") -> RequestOutput:
-        """The one terminal path: settle the text, reclaim every resource, write the terminal record.
-
-        A normal end (length, EOS) releases the text held back for a possible stop string; a stop match
-        releases the ids of tokens its text reaches into; cancelled, timed-out and failed requests drop
-        whatever was still held (the client never sees it).
-        """
-        seq = request.seq
-        now = self.clock()
+    def _settle(self, sample: _Sample, reason: str, now: float) -> None:
+        """Finish one sample's text: a normal end (length, EOS) releases the text held back for a possible
+        stop string; a stop match releases the ids of tokens its text reaches into; cancelled, timed-out
+        and failed samples drop whatever was still held (the client never sees it)."""
+        seq = sample.seq
         if reason in ("length", "eos"):
-            tail = request.stops.push(request.detok.update(seq.output_ids[:len(request.token_ends)], final=True))
-            tail += request.stops.flush()
-            request.text += tail
-            delta += tail
-            request.token_ends = [min(end, len(request.text)) for end in request.token_ends]
-        delta_ids = self._release_ids(request, now, partial=reason == "stop") if reason in (
-            "length", "eos", "stop") else ()
-        request.finish_reason = reason
-        request.committed_at_end = seq.num_computed
+            tail = sample.stops.push(sample.detok.update(seq.output_ids[:len(sample.token_ends)], final=True))
+            tail += sample.stops.flush()
+            sample.text += tail
+            sample.delta += tail
+            sample.token_ends = [min(end, len(sample.text)) for end in sample.token_ends]
+        if reason in ("length", "eos", "stop"):
+            sample.delta_ids += self._release_ids(sample, now, partial=reason == "stop")
+        sample.finish_reason = reason
+        sample.committed_at_end = seq.num_computed
         seq.times.finish = now
-        usage = Usage(prompt_tokens=len(seq.prompt_ids), generated_tokens=len(seq.output_ids),
-                      emitted_tokens=len(request.emitted_ids))
+
+    def _end(self, request: _Request, reason: str, detail: str = "", at: float | None = None) -> RequestOutput:
+        """The one terminal path: settle every unfinished sample with ``reason``, reclaim every resource
+        of every sample's sequence in one ``reclaim`` call, write the terminal record.
+
+        ``at`` is the end time when the caller already read the clock for it.
+        """
+        now = self.clock() if at is None else at
+        for sample in request.samples:
+            if sample.finish_reason is None:
+                self._settle(sample, reason, now)
+        request.finish_reason = reason
+        seqs = [s.seq for s in request.samples]
+        usage = Usage(prompt_tokens=len(seqs[0].prompt_ids), generated_tokens=sum(len(q.output_ids) for q in seqs),
+                      emitted_tokens=sum(len(s.emitted_ids) for s in request.samples))
         reclaim(request.lifecycle, _TERMINAL_STATE[reason], ledger=self.ledger, at=now,
                 reason=f"{reason}: {detail}" if detail else reason, allocator=self.allocator,
-                seq_ids=[seq.seq_id], slots=self.slots, host_swap=self.runner.host_swap, usage=usage)
-        self.scheduler.drop(seq)
-        del self._requests[seq.seq_id]
-        return self._output(request, delta, delta_ids)
+                seq_ids=[q.seq_id for q in seqs], slots=self.slots, host_swap=self.runner.host_swap, usage=usage)
+        for seq in seqs:
+            self.scheduler.drop(seq)
+            del self._samples[seq.seq_id]
+        del self._requests[request.request_id]
+        return self._output(request)
 
-    def _output(self, request: _Request, delta: str, delta_ids: tuple[int, ...]) -> RequestOutput:
-        seq = request.seq
+    def _output(self, request: _Request) -> RequestOutput:
+        """The request's output for this step; hands out (and clears) each sample's pending delta."""
         finished = request.finish_reason is not None
-        return RequestOutput(
-            request_id=seq.seq_id, delta=delta, text=request.text, delta_token_ids=tuple(delta_ids),
-            token_ids=tuple(request.emitted_ids), finished=finished, finish_reason=request.finish_reason,
-            usage=TokenUsage(prompt_tokens=len(seq.prompt_ids), cached_prompt_tokens=seq.num_cached_prompt or 0,
-                             generated=len(seq.output_ids), emitted=len(request.emitted_ids),
-                             committed=request.committed_at_end if finished else seq.num_computed),
-            timing=self._timing(seq) if finished else None)
+        first, seqs = request.samples[0], [s.seq for s in request.samples]
+        samples = tuple(SampleOutput(s.index, s.delta, s.text, s.delta_ids, tuple(s.emitted_ids),
+                                     s.finish_reason is not None, s.finish_reason)
+                        for s in request.samples) if len(request.samples) > 1 else ()
+        committed = sum(s.committed_at_end if s.finish_reason is not None else s.seq.num_computed
+                        for s in request.samples)
+        output = RequestOutput(
+            request_id=request.request_id, delta=first.delta, text=first.text, delta_token_ids=first.delta_ids,
+            token_ids=tuple(first.emitted_ids), finished=finished, finish_reason=request.finish_reason,
+            usage=TokenUsage(prompt_tokens=len(first.seq.prompt_ids),
+                             cached_prompt_tokens=first.seq.num_cached_prompt or 0,
+                             generated=sum(len(q.output_ids) for q in seqs),
+                             emitted=sum(len(s.emitted_ids) for s in request.samples), committed=committed),
+            timing=self._timing(first.seq) if finished and not samples else None, samples=samples)
+        for sample in request.samples:
+            sample.delta, sample.delta_ids = "", ()
+        return output
 
     @staticmethod
     def _timing(seq: Sequence) -> RequestTiming | None:
@@ -485,8 +636,9 @@ class LLMEngine:
     def _check_params(self, params: SamplingParams, prompt_ids: list[int]) -> None:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if params.n != 1:
-            raise ValueError(f"params.n must be 1 (submit n requests for n samples), got {params.n}")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"params.n={params.n} samples need as many batch slots at once, but max_num_seqs is "
+                             f"{self.config.max_num_seqs}; lower n or raise max_num_seqs")
         vocab = self.runner.model.config.vocab_size
         named = [*(t for t, _ in params.logit_bias), *(params.allowed_token_ids or ()),
                  *(t for seq in params.banned_sequences for t in seq)]
@@ -512,6 +664,18 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         return request_id
 
+    def _sample_ids(self, request_id: str, n: int) -> list[str]:
+        """Sequence ids of a request's ``n`` samples: the request id, then ``<request_id>/<i>``."""
+        ids = [request_id] + [f"{request_id}/{i}" for i in range(1, n)]
+        taken = [seq_id for seq_id in ids[1:] if self._id_in_use(seq_id)]
+        if taken:
+            raise ValueError(f"sample sequence ids {taken} of request {request_id!r} are already in use")
+        return ids
+
+    def _request_of(self, seq_id: str) -> _Request:
+        """The live request that sequence ``seq_id`` samples for."""
+        return self._requests[self._samples[seq_id].request_id]
+
     def _live(self, request_id: str) -> _Request | None:
         """The request if it has not ended; None if it has; KeyError for an id this engine never issued."""
         request = self._requests.get(request_id)
@@ -520,7 +684,7 @@ class LLMEngine:
         return request
 
     def _id_in_use(self, request_id: str) -> bool:
-        return request_id in self._requests or self.ledger.has(request_id)
+        return request_id in self._requests or request_id in self._samples or self.ledger.has(request_id)
 
     @staticmethod
     def _check_max_model_len(model: LlamaForCausalLM, config: EngineConfig) -> int:

@@ -2,7 +2,8 @@
 
 A tick decides what the next forward pass computes, under three limits at once:
 
-* ``max_num_seqs`` batch slots (sequences holding KV blocks and running);
+* ``max_num_seqs`` batch slots (sequences holding KV blocks and running; a request with ``n`` samples
+  takes ``n`` from admission, since its prompt forks into ``n`` sequences: :meth:`Scheduler.fork`);
 * ``max_num_batched_tokens``, the per-iteration token budget shared by decode tokens (1 per running
   sequence) and prefill chunks (chunked prefill cuts a long prompt into budget-sized pieces);
 * the KV block pool (``servelab.kv.BlockAllocator``): admission looks up the cached prefix, reserves the
@@ -131,6 +132,26 @@ class Scheduler:
             self._admit_waiting(out, budget)
         return out
 
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Split ``parent``, whose prompt is computed, into itself plus ``children`` (parallel sampling).
+
+        Each child gets a block table sharing every block of the parent (``BlockAllocator.fork``: refcount
+        + 1, no bytes move; a later write into the shared partially filled tail is copied on write by
+        :meth:`_ensure_slots`), the parent's progress, one of the batch slots the parent held for it, and
+        a place in the running queue. Called by the engine right after the parent's last prompt chunk.
+        """
+        self.slots.release(parent.seq_id)  # the parent held 1 + len(children) slots since admission
+        for seq in (parent, *children):
+            self.slots.acquire(seq.seq_id)
+        for child in children:
+            self.allocator.fork(parent.seq_id, child.seq_id)
+            child.num_computed = parent.num_computed
+            child.num_cached_prompt = parent.num_cached_prompt
+            child.paused = parent.paused
+            child.status = SeqStatus.RUNNING
+            self.running.append(child)
+        parent.samples_to_fork = 0
+
     def commit(self, chunk: ScheduledChunk, seq: Sequence) -> None:
         """Record that the forward pass computed ``chunk``: advance ``num_computed`` and tell the allocator,
         which only now offers the blocks it filled to the prefix cache (``cache_on_compute``)."""
@@ -211,12 +232,12 @@ class Scheduler:
         """Bring swapped sequences (not paused ones) back while slots and blocks allow, best-ranked first."""
         self.swapped.sort(key=self.key)
         for seq in [s for s in self.swapped if not s.paused]:
-            if not self.slots.available:
+            if self.slots.available < seq.slots_needed:
                 return
             need = self._blocks_for(seq.num_tokens)  # its KV plus the slots of its next chunk
             if not self.allocator.reserve(seq.seq_id, need):
                 return
-            self.slots.acquire(seq.seq_id)
+            self.slots.acquire(seq.seq_id, seq.slots_needed)
             blocks = self.allocator.restore(seq.seq_id, seq.num_computed, seq.token_ids[:seq.num_computed],
                                             namespace=seq.namespace)
             self.allocator.release_reservation(seq.seq_id)
@@ -246,6 +267,8 @@ class Scheduler:
         prefilling, or abandoned half-way, are simply a miss and get computed here.
         """
         tokens = seq.token_ids
+        if self.slots.available < seq.slots_needed:
+            return False
         if (not self.config.enable_chunked_prefill
                 and len(tokens) - self.allocator.lookup_prefix(tokens, seq.namespace) > budget):
             return False
@@ -258,7 +281,7 @@ class Scheduler:
         cached = allocation.num_cached_tokens
         count = min(len(tokens) - cached, budget)
         self.waiting.remove(seq)
-        self.slots.acquire(seq.seq_id)
+        self.slots.acquire(seq.seq_id, seq.slots_needed)
         seq.num_computed = cached
         if seq.num_cached_prompt is None:
             seq.num_cached_prompt = min(cached, len(seq.prompt_ids))

@@ -58,6 +58,9 @@ class Sequence:
     num_cached_prompt: int | None = None  # set at first admission
     status: SeqStatus = SeqStatus.WAITING
     paused: bool = False  # descheduled by the caller: every tick skips it; it keeps whatever it holds
+    # sibling sequences it forks into once its prompt is computed (n - 1 for a request with n samples,
+    # 0 after the fork); it holds a batch slot for each of them in advance
+    samples_to_fork: int = 0
 
     @property
     def token_ids(self) -> list[int]:
@@ -73,6 +76,11 @@ class Sequence:
     def num_uncomputed(self) -> int:
         """Tokens still to run through the model before the next sample (1 in steady decode)."""
         return self.num_tokens - self.num_computed
+
+    @property
+    def slots_needed(self) -> int:
+        """Batch slots it takes while running: its own plus one per sibling it will still fork into."""
+        return 1 + self.samples_to_fork
 
     @property
     def remaining_budget(self) -> int:
