@@ -375,14 +375,44 @@ def test_deadline_ends_request_as_timed_out(server):
     assert states == [RequestState.TIMED_OUT] * 2
 
 
-def test_slow_reader_is_cancelled_when_its_buffer_fills(model, tokenizer):
+def test_slow_reader_is_backpressured_then_resumed(model, tokenizer):
     engine = LLMEngine(model, tokenizer, EngineConfig(num_blocks=64, block_size=8))
-    bridge = EngineBridge(engine, stream_capacity=3)
+    bridge = EngineBridge(engine, stream_capacity=3, backpressure_timeout_s=30.0)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompt = tokenizer.encode("ROMEO:\n").ids
+
+    async def go():
+        bridge.start(asyncio.get_running_loop())
+        stream = bridge.submit(prompt, params)
+        await asyncio.sleep(0.5)  # the reader stalls while the engine keeps producing
+        while_stalled = await bridge.call(lambda e: (e.allocator.num_used_blocks, len(e.ledger.records),
+                                                     {s.seq_id: s.paused for s in e.scheduler.running}))
+        received = []
+        while not (received and received[-1].finished):
+            received.append(await stream.next())
+        return while_stalled, received
+
+    try:
+        (used_blocks, ended, running), received = asyncio.run(go())
+    finally:
+        bridge.stop()
+    request_id = received[-1].request_id
+    assert used_blocks > 0 and ended == 0  # paused, not cancelled: its KV is kept
+    assert running == {request_id: True}  # still running (batch slot kept) but descheduled
+    offline = LLMEngine(model, tokenizer, EngineConfig(num_blocks=64, block_size=8)).generate([prompt], params)[0]
+    assert "".join(o.delta for o in received) == offline.text  # resumed exactly where it stopped
+    assert received[-1].finish_reason == "length"
+    assert engine.ledger.records[0].state is RequestState.FINISHED and engine.allocator.num_used_blocks == 0
+
+
+def test_reader_that_never_returns_is_cancelled_after_the_backpressure_timeout(model, tokenizer):
+    engine = LLMEngine(model, tokenizer, EngineConfig(num_blocks=64, block_size=8))
+    bridge = EngineBridge(engine, stream_capacity=3, backpressure_timeout_s=0.3)
 
     async def go():
         bridge.start(asyncio.get_running_loop())
         stream = bridge.submit(tokenizer.encode("ROMEO:\n").ids, SamplingParams(max_tokens=100, ignore_eos=True))
-        await asyncio.sleep(0.5)  # the reader stalls while the engine keeps producing
+        await asyncio.sleep(1.0)  # longer than the backpressure timeout
         received = []
         with pytest.raises(SlowClient):
             while True:
@@ -394,7 +424,7 @@ def test_slow_reader_is_cancelled_when_its_buffer_fills(model, tokenizer):
         received, used = asyncio.run(go())
     finally:
         bridge.stop()
-    assert len(received) == 3 and used[0] == 0
+    assert len(received) == 3 and used == (0, False)
     assert engine.ledger.records[0].state is RequestState.CANCELLED
 
 

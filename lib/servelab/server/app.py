@@ -80,7 +80,8 @@ class ServerConfig:
     ``per_tenant_limits`` set rate and quota; ``max_body_bytes`` caps a request body;
     ``max_waiting`` bounds the queue of unscheduled requests and ``queue_timeout_s`` how long one may
     wait there; ``request_timeout_s`` is the default and the largest ``deadline_s``;
-    ``stream_buffer_chunks`` bounds undelivered chunks per request (the slow-client limit);
+    ``stream_buffer_chunks`` bounds undelivered chunks per request: a full buffer pauses the request
+    (backpressure) until the reader drains it, and ``backpressure_timeout_s`` later it is cancelled;
     ``max_n`` caps ``n``; ``default_max_tokens`` applies when a request sets none.
     """
 
@@ -93,6 +94,7 @@ class ServerConfig:
     queue_timeout_s: float = 10.0
     request_timeout_s: float = 120.0
     stream_buffer_chunks: int = 64
+    backpressure_timeout_s: float = 30.0
     max_n: int = 8
     default_max_tokens: int = 16
 
@@ -525,7 +527,8 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.App
     if not isinstance(config, ServerConfig):
         raise TypeError(f"config must be a ServerConfig, got {type(config).__name__}")
     gate = IngressGate(config.api_keys, config.tenant_limits, config.per_tenant_limits, config.max_body_bytes)
-    bridge = EngineBridge(engine, config.max_waiting, config.queue_timeout_s, config.stream_buffer_chunks)
+    bridge = EngineBridge(engine, config.max_waiting, config.queue_timeout_s, config.stream_buffer_chunks,
+                          config.backpressure_timeout_s)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[STATE] = _State(engine, config, gate, bridge)
 

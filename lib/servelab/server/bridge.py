@@ -20,9 +20,11 @@ The KV reservation itself is the engine scheduler's admission step.
 
 Backpressure policy: each stream buffers at most ``stream_capacity`` undelivered outputs. A client that
 reads slower than tokens are generated first fills the socket, then this buffer; when the buffer is
-full the engine thread **cancels** the request (freeing its KV and batch slot for readers that keep up)
-and ends the stream with :class:`SlowClient`. The engine has no pause state, and pausing would keep
-the KV of a reader that may never come back.
+full the engine thread **pauses** the request (``LLMEngine.pause``: descheduled, BACKPRESSURED; it keeps
+its KV blocks but stops taking compute from readers that keep up). Once the reader has drained the
+buffer to half, the request is resumed where it stopped. A reader that stays away for
+``backpressure_timeout_s`` is given up on: the request is cancelled (its KV freed) and the stream ends
+with :class:`SlowClient`, so a client that never comes back cannot hold KV forever.
 
 System boundary: thread hand-off only; times are ``time.monotonic`` seconds.
 """
@@ -40,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from servelab._validate import require_real
 from servelab.engine import LLMEngine, RequestOutput
 from servelab.sampling import SamplingParams
 
@@ -67,7 +70,8 @@ class QueueTimeout(BridgeError):
 
 
 class SlowClient(BridgeError):
-    """The client read too slowly; its stream buffer filled and the request was cancelled."""
+    """The client stopped reading: its stream buffer stayed full past the backpressure timeout, so the
+    paused request was cancelled."""
 
 
 class EngineFailure(BridgeError):
@@ -91,14 +95,28 @@ class RequestStream:
     so the buffer never holds more than ``capacity + 1`` items.
     """
 
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, capacity: int) -> None:
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, capacity: int,
+                 on_drain: Callable[[str], None] | None = None) -> None:
         self.request_id = request_id
         self._loop = loop
         self._capacity = capacity
+        self._on_drain = on_drain  # called (loop thread) when a paused stream has drained to half
         self._items: deque[RequestOutput | BridgeError] = deque()
         self._lock = threading.Lock()
         self._ready = asyncio.Event()  # set only from the loop thread
         self.closed = False
+        self.paused = False  # the engine was told to pause this request; guarded by _lock
+
+    @property
+    def full(self) -> bool:
+        """True when ``capacity`` outputs are waiting for the reader."""
+        with self._lock:
+            return len(self._items) >= self._capacity
+
+    def mark_paused(self) -> None:
+        """Record that the request was paused; the reader's drain will ask for a resume."""
+        with self._lock:
+            self.paused = True
 
     def offer(self, output: RequestOutput) -> bool:
         """Append a non-final output; False (nothing appended) when the buffer is full."""
@@ -131,9 +149,18 @@ class RequestStream:
                     break
                 self._ready.clear()
             await self._ready.wait()
+        self._resume_if_drained()
         if isinstance(item, BridgeError):
             raise item
         return item
+
+    def _resume_if_drained(self) -> None:
+        with self._lock:
+            drained = self.paused and len(self._items) <= self._capacity // 2
+            if drained:
+                self.paused = False
+        if drained and self._on_drain is not None:
+            self._on_drain(self.request_id)
 
 
 @dataclass
@@ -143,11 +170,12 @@ class _Tracked:
     stream: RequestStream
     submitted: float
     started: bool = False
+    paused_at: float | None = None  # time.monotonic() when backpressure paused it
 
 
 @dataclass
 class _Command:
-    kind: str  # "add", "cancel", "call" or "stop"
+    kind: str  # "add", "cancel", "resume", "call" or "stop"
     request_id: str = ""
     args: tuple = ()
     future: concurrent.futures.Future | None = None
@@ -159,11 +187,14 @@ class EngineBridge:
 
     ``max_waiting``: requests submitted but not yet scheduled that the bridge accepts (the bounded
     queue). ``queue_timeout_s``: how long one may stay unscheduled. ``stream_capacity``: undelivered
-    outputs per request before the slow-client policy cancels it.
+    outputs per request before backpressure pauses it. ``backpressure_timeout_s``: how long a paused
+    request waits for its reader before it is cancelled.
     """
 
+    POLL_S = 0.05  # how often a bridge whose every request is paused checks its timers (seconds)
+
     def __init__(self, engine: LLMEngine, max_waiting: int = 64, queue_timeout_s: float = 10.0,
-                 stream_capacity: int = 64) -> None:
+                 stream_capacity: int = 64, backpressure_timeout_s: float = 30.0) -> None:
         if not isinstance(engine, LLMEngine):
             raise TypeError(f"engine must be an LLMEngine, got {type(engine).__name__}")
         for name, value in (("max_waiting", max_waiting), ("stream_capacity", stream_capacity)):
@@ -172,6 +203,8 @@ class EngineBridge:
         if (isinstance(queue_timeout_s, bool) or not isinstance(queue_timeout_s, (int, float))
                 or not queue_timeout_s > 0):
             raise ValueError(f"queue_timeout_s must be a number > 0, got {queue_timeout_s!r}")
+        self.backpressure_timeout_s = require_real("backpressure_timeout_s", backpressure_timeout_s, 0,
+                                                   strict_min=True)
         self.engine = engine
         self.max_waiting = max_waiting
         self.queue_timeout_s = float(queue_timeout_s)
@@ -224,7 +257,8 @@ class EngineBridge:
         """
         retry = max(1.0, self.queue_delay_ewma_s)
         request_id = f"srv-{uuid.uuid4().hex[:16]}"  # unique across bridges sharing an engine
-        tracked = _Tracked(RequestStream(request_id, self._loop, self.stream_capacity), time.monotonic())
+        stream = RequestStream(request_id, self._loop, self.stream_capacity, on_drain=self.resume)
+        tracked = _Tracked(stream, time.monotonic())
         with self._lock:  # checked and queued under the lock, so a stopping engine thread still answers it
             if self._closed or self._thread is None:
                 raise EngineFailure("the engine is not running")
@@ -242,6 +276,10 @@ class EngineBridge:
         """Ask the engine thread to cancel ``request_id``; a no-op once it has ended (idempotent)."""
         self._commands.put(_Command("cancel", request_id))
 
+    def resume(self, request_id: str) -> None:
+        """Ask the engine thread to resume a request that backpressure paused (its reader caught up)."""
+        self._commands.put(_Command("resume", request_id))
+
     async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
         """Run ``fn(engine)`` on the engine thread between two steps and return its result."""
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -255,9 +293,10 @@ class EngineBridge:
 
     def _run(self) -> None:
         try:
-            while self._apply(self._drain(block=not self.engine.has_unfinished())):
+            while self._apply(self._next_commands()):
                 self._expire_queue()
-                if self.engine.has_unfinished():
+                self._expire_backpressure()
+                if self.engine.has_unfinished():  # while all are paused, a cheap step that checks deadlines
                     self._deliver(self.engine.step())
                     self._mark_started()
         except Exception as exc:  # a crashed engine fails every request in flight (FAILED path)
@@ -266,8 +305,23 @@ class EngineBridge:
             return
         self._end_all(EngineFailure("the server is shutting down"))
 
-    def _drain(self, block: bool) -> list[_Command]:
-        commands = [self._commands.get()] if block else []
+    def _next_commands(self) -> list[_Command]:
+        """Wait for a command when there is nothing to step; while every request is paused, wait at most
+        ``POLL_S`` so the engine still checks deadlines without spinning."""
+        if not self.engine.has_unfinished():
+            return self._drain(block=True)
+        return self._drain(block=True, timeout=self.POLL_S) if self._all_paused() else self._drain(False)
+
+    def _all_paused(self) -> bool:
+        return bool(self._tracked) and all(t.paused_at is not None for t in self._tracked.values())
+
+    def _drain(self, block: bool, timeout: float | None = None) -> list[_Command]:
+        commands = []
+        if block:
+            try:
+                commands.append(self._commands.get(timeout=timeout))
+            except queue.Empty:
+                return commands
         while True:
             try:
                 commands.append(self._commands.get_nowait())
@@ -284,6 +338,8 @@ class EngineBridge:
                 self._add(command)
             elif command.kind == "cancel":
                 self._cancel(command.request_id, None)
+            elif command.kind == "resume":
+                self._resume(command.request_id)
             elif command.kind == "call":
                 try:
                     command.future.set_result(command.args[0](self.engine))
@@ -313,6 +369,27 @@ class EngineBridge:
         if error is not None:
             tracked.stream.close(error)
 
+    def _pause(self, request_id: str, tracked: _Tracked) -> None:
+        """Backpressure: deschedule the request (it keeps its KV) until its reader drains the buffer."""
+        tracked.stream.mark_paused()
+        tracked.paused_at = time.monotonic()
+        self.engine.pause(request_id)
+
+    def _resume(self, request_id: str) -> None:
+        tracked = self._tracked.get(request_id)
+        if tracked is None or tracked.paused_at is None:
+            return  # ended meanwhile, or never paused
+        tracked.paused_at = None
+        self.engine.resume(request_id)
+
+    def _expire_backpressure(self) -> None:
+        now = time.monotonic()
+        for request_id, tracked in list(self._tracked.items()):
+            if tracked.paused_at is not None and now - tracked.paused_at > self.backpressure_timeout_s:
+                self._cancel(request_id, SlowClient(
+                    f"the client left {self.stream_capacity} chunks unread for "
+                    f"{self.backpressure_timeout_s:g} s; request cancelled"))
+
     def _unqueue(self) -> None:
         with self._lock:
             self._waiting -= 1
@@ -335,9 +412,12 @@ class EngineBridge:
                 if not tracked.started:
                     self._unqueue()
                 tracked.stream.close(output)
-            elif output.delta and not tracked.stream.offer(output):
-                self._cancel(output.request_id, SlowClient(
-                    f"the client left {self.stream_capacity} chunks unread; request cancelled"))
+            elif output.delta:
+                if not tracked.stream.offer(output):  # only if a paused request still produced output
+                    self._cancel(output.request_id, SlowClient(
+                        f"the client left {self.stream_capacity} chunks unread; request cancelled"))
+                elif tracked.stream.full and tracked.paused_at is None:
+                    self._pause(output.request_id, tracked)
 
     def _mark_started(self) -> None:
         """Requests no longer in the scheduler's waiting queue have been scheduled: they leave the bound."""
