@@ -136,6 +136,17 @@ def test_live_controls_twin_sweeps_one_control_and_holds_the_others(monkeypatch)
     assert "text/html" in bundle and "application/vnd.jupyter.widget-view+json" not in bundle
 
 
+def test_live_controls_widget_is_the_static_twin_during_the_book_build(monkeypatch):
+    controls = core.live_controls(lambda rate=2: line(rate), sweep="rate", rate=[1, 2, 4])
+    monkeypatch.setenv(core.BOOK_BUILD_ENV, "1")
+    built = controls.widget()
+    assert isinstance(built, core.FigureOutput)  # no ipywidgets (and no comm traffic) in the build
+    monkeypatch.delenv(core.BOOK_BUILD_ENV)
+    import ipywidgets
+
+    assert isinstance(controls.widget(), ipywidgets.interactive)  # a live kernel gets real sliders
+
+
 def test_live_controls_validation():
     with pytest.raises(ValueError, match="sweep"):
         core.live_controls(line, sweep="w", v=[1])

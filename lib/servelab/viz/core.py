@@ -346,7 +346,13 @@ class LiveControls:
                              label=self.sweep, active=values.index(self.start[self.sweep]))
 
     def widget(self):
-        """The live control: one selection slider per parameter, redrawing on every change."""
+        """The live control: one selection slider per parameter, redrawing on every change.
+
+        While the book is built there is no reader for a live control, so the static twin is returned
+        instead: no widget comm traffic reaches the build's notebook client (which can stall on it).
+        """
+        if in_book_build():
+            return FigureOutput(self.twin())
         import ipywidgets as widgets
 
         sliders = {
