@@ -264,14 +264,7 @@ class LLMEngine:
         Pausing a paused request changes nothing. Returns False when it had already ended; KeyError for
         an unknown id.
         """
-        request = self._live(request_id)
-        if request is None:
-            return False
-        for sample in request.samples:
-            sample.seq.paused = True
-        if request.lifecycle.state is RequestState.DECODE:
-            request.lifecycle.transition(RequestState.BACKPRESSURED, self.clock())
-        return True
+        return self._set_paused(request_id, True)
 
     def resume(self, request_id: str) -> bool:
         """Undo :meth:`pause`: the next step schedules the request again, from exactly where it stopped.
@@ -279,13 +272,19 @@ class LLMEngine:
         BACKPRESSURED goes back to DECODE. Resuming a request that is not paused changes nothing.
         Returns False when it had already ended; KeyError for an unknown id.
         """
+        return self._set_paused(request_id, False)
+
+    def _set_paused(self, request_id: str, paused: bool) -> bool:
+        """Flag every sample of a live request; DECODE <-> BACKPRESSURED follows the flag."""
         request = self._live(request_id)
         if request is None:
             return False
         for sample in request.samples:
-            sample.seq.paused = False
-        if request.lifecycle.state is RequestState.BACKPRESSURED:
-            request.lifecycle.transition(RequestState.DECODE, self.clock())
+            sample.seq.paused = paused
+        leave, enter = ((RequestState.DECODE, RequestState.BACKPRESSURED) if paused
+                        else (RequestState.BACKPRESSURED, RequestState.DECODE))
+        if request.lifecycle.state is leave:
+            request.lifecycle.transition(enter, self.clock())
         return True
 
     def step(self) -> list[RequestOutput]:
