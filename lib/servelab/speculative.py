@@ -216,7 +216,7 @@ class KVSession:
 
     def cached_keys(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s committed keys, ``[length, kv_heads, head_dim]`` (for checks and figures)."""
-        return self.cache.k[layer].flatten(0, 1)[: self.length].clone()
+        return self.cache.k[layer].flatten(1, 2)[:, : self.length].transpose(0, 1).clone()
 
 
 # --------------------------------------------------------------------------------------------------

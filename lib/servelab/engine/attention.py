@@ -1,7 +1,8 @@
 """Paged KV cache and the paged attention backend (pure PyTorch, runs on CPU and CUDA).
 
-The KV cache is one preallocated pool of physical blocks per layer, ``[num_blocks, block_size,
-n_kv_heads, head_dim]`` for K and for V. A sequence owns a *block table*: logical block ``i`` of the
+The KV cache is one preallocated pool of physical blocks per layer, ``[n_kv_heads, num_blocks,
+block_size, head_dim]`` for K and for V (head-major: gathering a sequence's blocks then yields each KV
+head's keys as one contiguous run, the layout attention wants). A sequence owns a *block table*: logical block ``i`` of the
 sequence (its token positions ``i*block_size .. (i+1)*block_size-1``) lives in physical block
 ``block_table[i]``. Token position ``p`` therefore has the flat *slot*
 ``block_table[p // block_size] * block_size + p % block_size``.
@@ -21,11 +22,11 @@ import torch.nn.functional as F
 
 
 class KVCache:
-    """The physical block pool: K and V tensors of shape ``[layers, num_blocks, block_size, kv_heads, d]``."""
+    """The physical block pool: K and V tensors of shape ``[layers, kv_heads, num_blocks, block_size, d]``."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        shape = (num_layers, num_kv_heads, num_blocks, block_size, head_dim)
         # zeros, not empty: masked-out slots still enter the attention matmul with weight 0, and
         # 0 * NaN from uninitialised memory would poison the output
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -33,10 +34,10 @@ class KVCache:
         self.block_size = block_size
         self.num_blocks = num_blocks
         # per-layer views, made once: indexing ``k[layer]`` in every layer of every step costs a tensor op
-        self.layer_k = list(self.k.unbind(0))  # [num_blocks, block_size, kv_heads, d] each
+        self.layer_k = list(self.k.unbind(0))  # [kv_heads, num_blocks, block_size, d] each
         self.layer_v = list(self.v.unbind(0))
-        self.layer_k_slots = [k.view(-1, num_kv_heads, head_dim) for k in self.layer_k]  # [slots, kv_heads, d]
-        self.layer_v_slots = [v.view(-1, num_kv_heads, head_dim) for v in self.layer_v]
+        self.layer_k_slots = [k.view(num_kv_heads, -1, head_dim) for k in self.layer_k]  # [kv_heads, slots, d]
+        self.layer_v_slots = [v.view(num_kv_heads, -1, head_dim) for v in self.layer_v]
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -50,19 +51,19 @@ class KVCache:
             return
         src = torch.tensor([s for s, _ in pairs], device=self.k.device)
         dst = torch.tensor([d for _, d in pairs], device=self.k.device)
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]
 
     def read_blocks(self, blocks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the given blocks' K and V (all layers) in host memory: the swap-out half."""
         index = torch.tensor(blocks, device=self.k.device, dtype=torch.long)
-        return self.k[:, index].to("cpu", copy=True), self.v[:, index].to("cpu", copy=True)
+        return self.k[:, :, index].to("cpu", copy=True), self.v[:, :, index].to("cpu", copy=True)
 
     def write_blocks(self, blocks: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Write host copies (from :meth:`read_blocks`) into the given physical blocks: the swap-in half."""
         index = torch.tensor(blocks, device=self.k.device, dtype=torch.long)
-        self.k[:, index] = k.to(self.k.device)
-        self.v[:, index] = v.to(self.v.device)
+        self.k[:, :, index] = k.to(self.k.device)
+        self.v[:, :, index] = v.to(self.v.device)
 
 
 @dataclass
@@ -140,14 +141,16 @@ def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, devi
 
 
 def _gather(pool: torch.Tensor, tables: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """Read each sequence's history through its block table: ``[S, num_keys, kv_heads, d]``.
+    """Read each sequence's history through its block table: ``[S, kv_heads, num_keys, d]``.
 
-    ``index_select`` over the flattened tables copies the blocks in one pass (several times faster on
-    CPU than advanced indexing ``pool[tables]``, which computes the same thing).
+    ``pool`` is one layer's ``[kv_heads, num_blocks, block_size, d]``. ``index_select`` over the flattened
+    tables copies the blocks in one pass (several times faster on CPU than advanced indexing
+    ``pool[:, tables]``, which computes the same thing); the result is a view, no second copy.
     """
     num_seqs, width = tables.shape
-    blocks = pool.index_select(0, tables.reshape(-1))  # [S * width, block_size, kv_heads, d]
-    return blocks.view(num_seqs, width * pool.shape[1], *pool.shape[2:])[:, :num_keys]
+    kv_heads, _, block_size, head_dim = pool.shape
+    blocks = pool.index_select(1, tables.reshape(-1))  # [kv_heads, S * width, block_size, d]
+    return blocks.view(kv_heads, num_seqs, width * block_size, head_dim)[:, :, :num_keys].transpose(0, 1)
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -171,9 +174,9 @@ class PagedAttention:
         if meta is None:
             raise RuntimeError("PagedAttention.metadata must be set before the forward pass")
         cache = self.cache
-        cache.layer_k_slots[layer].index_copy_(0, meta.slot_mapping, k)
-        cache.layer_v_slots[layer].index_copy_(0, meta.slot_mapping, v)
-        k_pool, v_pool = cache.layer_k[layer], cache.layer_v[layer]  # [blocks, bs, kv_heads, d]
+        cache.layer_k_slots[layer].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        cache.layer_v_slots[layer].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        k_pool, v_pool = cache.layer_k[layer], cache.layer_v[layer]  # [kv_heads, blocks, bs, d]
         if not meta.prefills:  # a pure decode batch: row i of q is sequence i's one new token
             return self._attend_decode(q, k_pool, v_pool, meta)
         out = torch.empty_like(q)
@@ -195,9 +198,9 @@ class PagedAttention:
         are laid along the query axis of that head, ``[S, kv_heads, group, d]``, so each KV head is read once.
         """
         num_seqs, num_heads, head_dim = q.shape
-        kv_heads = k_pool.shape[2]
-        keys = _gather(k_pool, meta.decode_block_tables, meta.decode_num_keys).transpose(1, 2)
-        values = _gather(v_pool, meta.decode_block_tables, meta.decode_num_keys).transpose(1, 2)
+        kv_heads = k_pool.shape[0]
+        keys = _gather(k_pool, meta.decode_block_tables, meta.decode_num_keys)
+        values = _gather(v_pool, meta.decode_block_tables, meta.decode_num_keys)
         out = F.scaled_dot_product_attention(q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim),
                                              keys, values, attn_mask=meta.decode_mask)
         return out.reshape(num_seqs, num_heads, head_dim)
@@ -208,7 +211,7 @@ class PagedAttention:
         """q ``[S, Q, H, d]``, tables ``[S, B]``, mask ``[S, Q, num_keys]`` or None -> ``[S, Q, H, d]``."""
         keys = _gather(k_pool, tables, num_keys)
         values = _gather(v_pool, tables, num_keys)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values,
                                              attn_mask=None if mask is None else mask[:, None],
                                              is_causal=causal, enable_gqa=True)
         return out.transpose(1, 2)

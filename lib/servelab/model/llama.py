@@ -21,6 +21,7 @@ model itself is indifferent to the leading dims.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
@@ -102,17 +103,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        """``weight * x / sqrt(mean(x^2) + eps)``, normalised in float32 (as Hugging Face does) by one
+        fused kernel; the gain multiplies after the cast back to ``x``'s dtype."""
+        normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """RoPE's inverse frequencies ``theta ** (-2i / head_dim)``, float32 ``[head_dim / 2]``: computed once
+    per (head_dim, theta, device), not in every forward pass. Callers must not modify the result."""
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for the given absolute positions, shaped ``[*positions.shape, 1, head_dim]``."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    angles = positions.float()[..., None] * inv_freq  # [*pos, head_dim/2]
+    """cos/sin tables for the given absolute positions, shaped ``[*positions.shape, 1, head_dim]``.
+
+    Angles are computed in float32 (position times inverse frequency) and only then cast to ``dtype``.
+    """
+    angles = positions.float()[..., None] * rope_inv_freq(head_dim, theta, positions.device)  # [*pos, d/2]
     emb = torch.cat((angles, angles), dim=-1)[..., None, :]
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
