@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from servelab.model import (END_OF_TEXT, LlamaConfig, LlamaForCausalLM, default_model_dir, draft_model_dir,
                             end_of_text_id, load_checkpoint, load_tokenizer, save_checkpoint)
 from servelab.model.corpus import load_plays, parse_play, play_to_text, split_play
+from servelab.model.llama import pack_hf_state, unpack_to_hf_state
 from servelab.model.train import TrainSettings, greedy_continuation, main
 
 PROMPTS = ["ROMEO:\n", "JULIET:\nO Romeo, Romeo!", "KING HENRY V:\nOnce more unto the breach"]
@@ -151,6 +152,19 @@ def test_save_load_round_trip_is_exact_and_tied(tiny_dir):
     loaded = load_checkpoint(tiny_dir, device="cpu")
     ids = torch.tensor([[1, 5, 9, 42]])
     torch.testing.assert_close(loaded(ids), original(ids), atol=0, rtol=0)
+
+
+def test_checkpoint_holds_hf_projections_and_packing_round_trips(tiny_dir):
+    stored = load_file(str(tiny_dir / "model.safetensors"))
+    layer = "model.layers.0."
+    assert {f"{layer}self_attn.{p}_proj.weight" for p in "qkvo"} <= set(stored)
+    assert {f"{layer}mlp.{p}_proj.weight" for p in ("gate", "up", "down")} <= set(stored)
+    assert not [name for name in stored if "qkv_proj" in name or "gate_up_proj" in name]
+    packed = pack_hf_state(dict(stored), TINY)
+    q, k, v = (stored[f"{layer}self_attn.{p}_proj.weight"] for p in "qkv")
+    assert torch.equal(packed[f"{layer}self_attn.qkv_proj.weight"], torch.cat([q, k, v]))
+    back = unpack_to_hf_state(packed, TINY)
+    assert back.keys() == stored.keys() and all(torch.equal(back[n], stored[n]) for n in stored)
 
 
 def test_untied_checkpoint_keeps_lm_head(tmp_path):

@@ -2,8 +2,8 @@
 
 Two separate design points, kept apart on purpose (they are often conflated):
 
-*Weights.* Every projection of the decoder (``q/k/v/o_proj``, ``gate/up/down_proj``) gets an int8
-weight and one float32 scale per output channel (per row of the ``[out, in]`` weight), chosen
+*Weights.* Every projection of the decoder (the packed ``qkv_proj`` and ``gate_up_proj``, ``o_proj``,
+``down_proj``) gets an int8 weight and one float32 scale per output channel (per row of the ``[out, in]`` weight), chosen
 symmetrically so that the row's largest absolute value maps to 127. :class:`Int8Linear` keeps only
 those two tensors and computes ``y = (x @ W_q^T) * scale``: the int8 weight is converted to the
 activation dtype on the fly and the per-row scale is applied to the output, which equals multiplying
@@ -48,7 +48,7 @@ __all__ = [
 INT8_MAX = 127
 """Symmetric int8 range is [-127, 127]; -128 is left unused so that +x and -x round symmetrically."""
 
-PROJECTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTION_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 """The ``nn.Linear`` attributes of a Llama decoder layer that :func:`quantize_model` replaces."""
 
 

@@ -2,9 +2,9 @@
 
 The KV cache is one preallocated pool of physical blocks per layer, ``[n_kv_heads, num_blocks,
 block_size, head_dim]`` for K and for V (head-major: gathering a sequence's blocks then yields each KV
-head's keys as one contiguous run, the layout attention wants). A sequence owns a *block table*: logical block ``i`` of the
-sequence (its token positions ``i*block_size .. (i+1)*block_size-1``) lives in physical block
-``block_table[i]``. Token position ``p`` therefore has the flat *slot*
+head's keys as one contiguous run, the layout attention wants). A sequence owns a *block table*:
+logical block ``i`` of the sequence (its token positions ``i*block_size .. (i+1)*block_size-1``) lives
+in physical block ``block_table[i]``. Token position ``p`` therefore has the flat *slot*
 ``block_table[p // block_size] * block_size + p % block_size``.
 
 System boundary: the backend sees one layer's rotated q/k/v for a flat batch of tokens drawn from several

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from servelab.model.llama import LlamaConfig, LlamaForCausalLM
+from servelab.model.llama import LlamaConfig, LlamaForCausalLM, pack_hf_state, unpack_to_hf_state
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -46,7 +46,8 @@ def save_checkpoint(model: LlamaForCausalLM, directory: str | Path) -> Path:
         raise TypeError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    hf_state = unpack_to_hf_state(model.state_dict(), model.config)  # HF's separate q/k/v, gate/up tensors
+    state = {name: t.detach().to("cpu").contiguous() for name, t in hf_state.items()}
     if model.config.tie_word_embeddings:
         del state["lm_head.weight"]  # the same storage as the embedding; transformers re-ties on load
     dtype = next(iter(state.values())).dtype
@@ -94,9 +95,11 @@ def _rope_settings(cfg: dict) -> dict:
 
 
 def check_state_dict(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> None:
-    """Raise ValueError naming every missing, unexpected or misshaped tensor for ``cfg``."""
+    """Raise ValueError naming every missing, unexpected or misshaped tensor of a Hugging Face Llama
+    state dict (HF tensor names) for ``cfg``."""
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in LlamaForCausalLM(cfg).state_dict().items()}
+        hf_names = unpack_to_hf_state(LlamaForCausalLM(cfg).state_dict(), cfg)
+    expected = {k: tuple(v.shape) for k, v in hf_names.items()}
     optional = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     missing = sorted(set(expected) - set(state) - optional)
     unexpected = sorted(set(state) - set(expected))
@@ -138,5 +141,6 @@ def load_checkpoint(directory: str | Path | None = None, device: str | torch.dev
     state = load_file(str(directory / WEIGHTS_FILE), device="cpu")
     check_state_dict(state, cfg)
     model = LlamaForCausalLM(cfg)
-    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=not cfg.tie_word_embeddings)
+    model.load_state_dict(pack_hf_state({k: v.float() for k, v in state.items()}, cfg),
+                          strict=not cfg.tie_word_embeddings)
     return model.to(device=device, dtype=dtype).eval()

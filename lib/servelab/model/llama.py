@@ -2,8 +2,12 @@
 
 RMSNorm, rotary position embeddings (RoPE), grouped-query attention (fewer KV heads than query heads)
 and a SwiGLU MLP: the same blocks as Llama 2/3 and SmolLM2. Parameter names follow the Hugging Face
-layout (``model.layers.0.self_attn.q_proj.weight`` ...), so a checkpoint saved from this module loads in
-``transformers.LlamaForCausalLM`` unchanged, and Llama-family checkpoints load here.
+layout (``model.layers.0.self_attn.o_proj.weight`` ...), with one difference that serving engines make
+too: the q, k and v projections are *packed* into one matrix (``qkv_proj``), and so are the gate and up
+projections (``gate_up_proj``), so one matmul does the work of three (or two). :data:`PACKED_PROJECTIONS`,
+:func:`pack_hf_state` and :func:`unpack_to_hf_state` translate, so checkpoints keep Hugging Face's
+separate tensors: one saved from this module loads in ``transformers.LlamaForCausalLM`` unchanged, and
+Llama-family checkpoints load here.
 
 System boundary: this module computes hidden states and logits for a set of token positions. It does
 not own a KV cache. Attention is delegated to an *attention backend*, a callable
@@ -103,10 +107,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``weight * x / sqrt(mean(x^2) + eps)``, normalised in float32 (as Hugging Face does) by one
-        fused kernel; the gain multiplies after the cast back to ``x``'s dtype."""
-        normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        """``weight * x / sqrt(mean(x^2) + eps)``. Like Hugging Face, a low-precision ``x`` is normalised
+        in float32 and the gain multiplies after the cast back; in float32 that is one ``rms_norm`` call."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 @functools.lru_cache(maxsize=8)
@@ -118,53 +123,62 @@ def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Te
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for the given absolute positions, shaped ``[*positions.shape, 1, head_dim]``.
+    """RoPE tables ``(cos, signed_sin)`` for the given absolute positions, ``[*positions.shape, 1, head_dim]``.
 
     Angles are computed in float32 (position times inverse frequency) and only then cast to ``dtype``.
+    ``signed_sin`` is ``(-sin, +sin)`` over the two halves of the head: the sign of the "rotate_half"
+    convention, folded in once per forward pass instead of once per layer (see :func:`apply_rope`).
     """
     angles = positions.float()[..., None] * rope_inv_freq(head_dim, theta, positions.device)  # [*pos, d/2]
-    emb = torch.cat((angles, angles), dim=-1)[..., None, :]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    sin = angles.sin()
+    cos = angles.cos()
+    return (torch.cat((cos, cos), dim=-1)[..., None, :].to(dtype),
+            torch.cat((-sin, sin), dim=-1)[..., None, :].to(dtype))
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (i, i + d/2) of the last dim: the HF "rotate_half" convention."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs (i, i + d/2) of the last dim by each position's angles (the HF "rotate_half"
+    convention): ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = (-x2, x1)``, computed as
+    ``x * cos + (x2, x1) * signed_sin``; rolling the last dim by half a head swaps the halves."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class LlamaAttention(nn.Module):
+    """Projections, RoPE and the output projection around the attention backend.
+
+    ``qkv_proj`` is HF's ``q_proj``, ``k_proj`` and ``v_proj`` stacked along the output dim: its output is
+    ``n_heads`` query heads, then ``n_kv`` key heads, then ``n_kv`` value heads, so RoPE rotates the
+    query and key heads in one call.
+    """
+
     def __init__(self, cfg: LlamaConfig, layer: int) -> None:
         super().__init__()
         self.layer, self.n_heads, self.n_kv, self.d = (
             layer, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.d, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.d, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.d, bias=False)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.n_heads + 2 * self.n_kv) * self.d, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.d, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
         lead = x.shape[:-1]
-        q = apply_rope(self.q_proj(x).view(*lead, self.n_heads, self.d), cos, sin)
-        k = apply_rope(self.k_proj(x).view(*lead, self.n_kv, self.d), cos, sin)
-        v = self.v_proj(x).view(*lead, self.n_kv, self.d)
+        qkv = self.qkv_proj(x).view(*lead, self.n_heads + 2 * self.n_kv, self.d)
+        qk, v = qkv.split([self.n_heads + self.n_kv, self.n_kv], dim=-2)
+        q, k = apply_rope(qk, cos, sin).split([self.n_heads, self.n_kv], dim=-2)
         out = backend(self.layer, q, k, v)
         return self.o_proj(out.reshape(*lead, self.n_heads * self.d))
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``; ``gate_up_proj`` is HF's gate and up projections stacked."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -187,6 +201,49 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+PACKED_PROJECTIONS: dict[str, tuple[str, ...]] = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+"""Each packed projection of a decoder layer and the Hugging Face projections stacked in it, in order."""
+
+
+def _part_sizes(cfg: LlamaConfig) -> dict[str, list[int]]:
+    """Output rows of each part of each packed projection."""
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    return {"self_attn.qkv_proj": [q, kv, kv], "mlp.gate_up_proj": [cfg.intermediate_size] * 2}
+
+
+def unpack_to_hf_state(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    """This module's state dict under Hugging Face names: every packed matrix split back into its parts.
+
+    Order is kept (the parts take the packed matrix's place) and the parts are views of it, not copies.
+    """
+    sizes = _part_sizes(cfg)
+    hf: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        packed = next((p for p in PACKED_PROJECTIONS if name.endswith(f".{p}.weight")), None)
+        if packed is None:
+            hf[name] = tensor
+            continue
+        prefix = name[: -len(f"{packed}.weight")]
+        for part, rows in zip(PACKED_PROJECTIONS[packed], tensor.split(sizes[packed])):
+            hf[f"{prefix}{part}.weight"] = rows
+    return hf
+
+
+def pack_hf_state(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    """A Hugging Face state dict under this module's names: each layer's parts concatenated into the packed
+    matrix. Validate the HF dict first (:func:`servelab.model.checkpoint.check_state_dict`)."""
+    packed_state = dict(state)
+    for layer in range(cfg.num_hidden_layers):
+        prefix = f"model.layers.{layer}."
+        for packed, parts in PACKED_PROJECTIONS.items():
+            names = [f"{prefix}{part}.weight" for part in parts]
+            packed_state[f"{prefix}{packed}.weight"] = torch.cat([packed_state.pop(n) for n in names])
+    return packed_state
 
 
 class LlamaForCausalLM(nn.Module):

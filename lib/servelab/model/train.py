@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from servelab.model.checkpoint import save_checkpoint
-from servelab.model.llama import LlamaConfig, LlamaForCausalLM
+from servelab.model.llama import LlamaConfig, LlamaForCausalLM, unpack_to_hf_state
 from servelab.model.tokenizer import (DEFAULT_VOCAB_SIZE, END_OF_TEXT, chars_per_token, end_of_text_id,
                                       load_tokenizer, train_tokenizer)
 
@@ -76,12 +76,18 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
 
 
 def init_weights(model: LlamaForCausalLM, std: float = 0.02, seed: int = 0) -> None:
-    """Normal(0, ``std``) for every matrix (the HF ``initializer_range``); norm weights stay at 1."""
+    """Normal(0, ``std``) for every matrix (the HF ``initializer_range``); norm weights stay at 1.
+
+    Matrices are drawn one Hugging Face tensor at a time, in checkpoint order (a packed ``qkv_proj`` gets
+    q, k and v drawn separately), so a seed gives the same initial weights whatever the module packs.
+    """
     generator = torch.Generator().manual_seed(seed)
+    drawn: set[int] = set()  # storage already drawn: a tied LM head is the embedding, drawn once
     with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 2:
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
+        for tensor in unpack_to_hf_state(model.state_dict(), model.config).values():
+            if tensor.dim() == 2 and tensor.data_ptr() not in drawn:
+                drawn.add(tensor.data_ptr())
+                tensor.copy_(torch.randn(tensor.shape, generator=generator) * std)
 
 
 def make_optimizer(model: LlamaForCausalLM, settings: TrainSettings) -> torch.optim.AdamW:
