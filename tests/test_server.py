@@ -24,7 +24,7 @@ from servelab.model import LlamaConfig, LlamaForCausalLM, train_tokenizer
 from servelab.sampling import SamplingParams
 from servelab.server import (DEFAULT_MODEL_NAME, BackgroundServer, EngineBridge, IngressGate, Rejection,
                              ServerConfig, TenantLimits, TokenBucket, render_chat)
-from servelab.server.bridge import SlowClient
+from servelab.server.bridge import BackpressurePolicy, SlowClient
 
 torch.set_num_threads(1)
 
@@ -484,3 +484,10 @@ def test_one_command_serves_the_shipped_model():
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         proc.stdout.close()
+
+
+def test_backpressure_policy_thresholds():
+    policy = BackpressurePolicy(capacity=4, timeout=12)
+    assert [policy.should_pause(n) for n in range(6)] == [False, False, False, False, True, True]
+    assert [policy.should_resume(n) for n in range(5)] == [True, True, True, False, False]
+    assert not policy.should_give_up(12) and policy.should_give_up(12.5)

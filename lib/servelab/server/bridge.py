@@ -24,7 +24,8 @@ full the engine thread **pauses** the request (``LLMEngine.pause``: descheduled,
 its KV blocks but stops taking compute from readers that keep up). Once the reader has drained the
 buffer to half, the request is resumed where it stopped. A reader that stays away for
 ``backpressure_timeout_s`` is given up on: the request is cancelled (its KV freed) and the stream ends
-with :class:`SlowClient`, so a client that never comes back cannot hold KV forever.
+with :class:`SlowClient`, so a client that never comes back cannot hold KV forever. The three decisions
+are one small object, :class:`BackpressurePolicy`, which the §1 notebook replays step by step.
 
 System boundary: thread hand-off only; times are ``time.monotonic`` seconds.
 """
@@ -47,7 +48,7 @@ from servelab.engine import LLMEngine, RequestOutput
 from servelab.sampling import SamplingParams
 
 __all__ = ["BridgeError", "InvalidRequest", "QueueTimeout", "SlowClient", "EngineFailure", "Overloaded",
-           "RequestStream", "EngineBridge"]
+           "BackpressurePolicy", "RequestStream", "EngineBridge"]
 
 
 class BridgeError(Exception):
@@ -87,19 +88,45 @@ class Overloaded(Exception):
         self.retry_after_s = retry_after_s
 
 
+@dataclass(frozen=True)
+class BackpressurePolicy:
+    """The rule that decides when a slow reader's request is paused, resumed or given up on.
+
+    ``capacity``: undelivered outputs one stream may hold; the request is paused when its buffer is full
+    and resumed once the reader has drained it to half. ``timeout``: how long a paused request may wait
+    before it is cancelled. The rule does not care about the unit of time: the bridge applies it in
+    wall-clock seconds, the §1 notebook replays it in engine steps.
+    """
+
+    capacity: int
+    timeout: float
+
+    def should_pause(self, buffered: int) -> bool:
+        """The buffer is full: stop producing for this reader."""
+        return buffered >= self.capacity
+
+    def should_resume(self, buffered: int) -> bool:
+        """A paused reader has caught up to half the buffer: produce again."""
+        return buffered <= self.capacity // 2
+
+    def should_give_up(self, paused_for: float) -> bool:
+        """A request paused for longer than ``timeout`` is cancelled, so a vanished reader cannot hold KV."""
+        return paused_for > self.timeout
+
+
 class RequestStream:
     """A bounded buffer of one request's outputs, filled by the engine thread, read by one handler.
 
-    :meth:`offer` (engine thread) refuses a non-final output once ``capacity`` outputs are unread;
+    :meth:`offer` (engine thread) refuses a non-final output once ``policy.capacity`` outputs are unread;
     :meth:`close` (engine thread) always appends the final item, an output or a :class:`BridgeError`,
     so the buffer never holds more than ``capacity + 1`` items.
     """
 
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, capacity: int,
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, policy: BackpressurePolicy,
                  on_drain: Callable[[str], None] | None = None) -> None:
         self.request_id = request_id
         self._loop = loop
-        self._capacity = capacity
+        self._policy = policy
         self._on_drain = on_drain  # called (loop thread) when a paused stream has drained to half
         self._items: deque[RequestOutput | BridgeError] = deque()
         self._lock = threading.Lock()
@@ -109,9 +136,9 @@ class RequestStream:
 
     @property
     def full(self) -> bool:
-        """True when ``capacity`` outputs are waiting for the reader."""
+        """True when the policy's ``capacity`` outputs are waiting for the reader (time to pause)."""
         with self._lock:
-            return len(self._items) >= self._capacity
+            return self._policy.should_pause(len(self._items))
 
     def mark_paused(self) -> None:
         """Record that the request was paused; the reader's drain will ask for a resume."""
@@ -121,7 +148,7 @@ class RequestStream:
     def offer(self, output: RequestOutput) -> bool:
         """Append a non-final output; False (nothing appended) when the buffer is full."""
         with self._lock:
-            if len(self._items) >= self._capacity:
+            if self._policy.should_pause(len(self._items)):
                 return False
             self._items.append(output)
         self._wake()
@@ -156,7 +183,7 @@ class RequestStream:
 
     def _resume_if_drained(self) -> None:
         with self._lock:
-            drained = self.paused and len(self._items) <= self._capacity // 2
+            drained = self.paused and self._policy.should_resume(len(self._items))
             if drained:
                 self.paused = False
         if drained and self._on_drain is not None:
@@ -203,12 +230,11 @@ class EngineBridge:
         if (isinstance(queue_timeout_s, bool) or not isinstance(queue_timeout_s, (int, float))
                 or not queue_timeout_s > 0):
             raise ValueError(f"queue_timeout_s must be a number > 0, got {queue_timeout_s!r}")
-        self.backpressure_timeout_s = require_real("backpressure_timeout_s", backpressure_timeout_s, 0,
-                                                   strict_min=True)
+        self.backpressure = BackpressurePolicy(stream_capacity, require_real(
+            "backpressure_timeout_s", backpressure_timeout_s, 0, strict_min=True))
         self.engine = engine
         self.max_waiting = max_waiting
         self.queue_timeout_s = float(queue_timeout_s)
-        self.stream_capacity = stream_capacity
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._waiting = 0  # submitted, not yet scheduled; guarded by _lock
         self._closed = False  # set (under _lock) once the engine thread stops taking commands
@@ -257,7 +283,7 @@ class EngineBridge:
         """
         retry = max(1.0, self.queue_delay_ewma_s)
         request_id = f"srv-{uuid.uuid4().hex[:16]}"  # unique across bridges sharing an engine
-        stream = RequestStream(request_id, self._loop, self.stream_capacity, on_drain=self.resume)
+        stream = RequestStream(request_id, self._loop, self.backpressure, on_drain=self.resume)
         tracked = _Tracked(stream, time.monotonic())
         with self._lock:  # checked and queued under the lock, so a stopping engine thread still answers it
             if self._closed or self._thread is None:
@@ -385,10 +411,10 @@ class EngineBridge:
     def _expire_backpressure(self) -> None:
         now = time.monotonic()
         for request_id, tracked in list(self._tracked.items()):
-            if tracked.paused_at is not None and now - tracked.paused_at > self.backpressure_timeout_s:
+            if tracked.paused_at is not None and self.backpressure.should_give_up(now - tracked.paused_at):
                 self._cancel(request_id, SlowClient(
-                    f"the client left {self.stream_capacity} chunks unread for "
-                    f"{self.backpressure_timeout_s:g} s; request cancelled"))
+                    f"the client left {self.backpressure.capacity} chunks unread for "
+                    f"{self.backpressure.timeout:g} s; request cancelled"))
 
     def _unqueue(self) -> None:
         with self._lock:
@@ -415,7 +441,7 @@ class EngineBridge:
             elif output.delta:
                 if not tracked.stream.offer(output):  # only if a paused request still produced output
                     self._cancel(output.request_id, SlowClient(
-                        f"the client left {self.stream_capacity} chunks unread; request cancelled"))
+                        f"the client left {self.backpressure.capacity} chunks unread; request cancelled"))
                 elif tracked.stream.full and tracked.paused_at is None:
                     self._pause(output.request_id, tracked)
 
