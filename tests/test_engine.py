@@ -635,3 +635,21 @@ def test_n_beyond_the_batch_slots_is_rejected_and_beyond_the_pool_waits(model, t
     out = engine.generate([[1, 2, 3, 4, 5]], params)[0]
     assert sample_ids(out) == [expected_ids(model, [1, 2, 3, 4, 5], params)] * 4
     assert_clean(engine, 1)
+
+
+def test_quick_benchmark_runs_every_section_and_agrees(model, tokenizer, tmp_path):
+    pytest.importorskip("transformers")
+    from servelab.engine import bench
+    from servelab.model import save_checkpoint
+
+    save_checkpoint(model, tmp_path)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    result = bench.run(quick=True, model_dir=str(tmp_path))
+    assert result["batch1"]["outputs_agree"]  # engine, no-cache loop and transformers: same greedy tokens
+    assert set(result["targets_met"]) == {"batch1_parity_with_generate", "skewed_2x_generate",
+                                          "continuous_1.5x_static"}
+    assert set(result["step_cost"]["step_s"]) == {"1", "8", "32"}
+    assert all(t > 0 for t in result["step_cost"]["step_s"].values())
+    labels = [label for label, _ in bench.summary_rows(result)]
+    assert sum(label.startswith("one decode step") for label in labels) == 3
+    assert bench.hardware_line(result) in bench.format_table(result)

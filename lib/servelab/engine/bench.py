@@ -12,7 +12,10 @@ Sections (every figure is measured here, in this process, one after the other):
    the whole batch has finished);
 4. prefix cache on/off: TTFT of requests that share a long prompt prefix;
 5. chunked prefill on/off: the largest inter-token gap of running streams while a long prompt arrives,
-   against that long prompt's own TTFT.
+   against that long prompt's own TTFT;
+6. the cost of one decode step (``LLMEngine.step``: forward pass, sampling, bookkeeping) with 1, 8 and 32
+   sequences in the batch: how much a step gets cheaper when finished rows leave it, which bounds what
+   continuous batching can gain over a padded static batch on this hardware.
 
 Throughput counts requested output tokens per wall-clock second, prefill included. The prefix cache is
 off except in its own section (repeats replay the same prompts and would hit it). Latencies are seconds
@@ -233,6 +236,34 @@ def bench_chunked_prefill(model, tokenizer, rng, streams: int, long_len: int, ch
     return result
 
 
+def bench_step_cost(model, tokenizer, rng, batch_sizes: tuple[int, ...], context: int, steps: int,
+                    repeats: int) -> dict:
+    """CPU seconds of one decode step with ``batch`` sequences of about ``context`` tokens each.
+
+    Every sequence is prefilled first (in as many steps as the token budget needs); the timed steps are
+    pure decode, one new token per sequence.
+    """
+    vocab = model.config.vocab_size
+    step_s: dict[str, float] = {}
+    for batch in batch_sizes:
+        engine = LLMEngine(model, tokenizer, replace(NO_REUSE, max_num_seqs=batch))
+        best = float("inf")
+        for _ in range(repeats):
+            for prompt in random_prompts(rng, batch, context, context, vocab):
+                engine.add_request(prompt, greedy(steps + 2))
+            engine.step()
+            while engine.scheduler.waiting or engine.trace[-1].prefill_tokens:  # prefill in token-budget chunks
+                engine.step()
+            start = time.process_time()
+            for _ in range(steps):
+                engine.step()
+            best = min(best, (time.process_time() - start) / steps)
+            while engine.has_unfinished():
+                engine.step()
+        step_s[str(batch)] = best  # JSON keys are strings
+    return {"context_tokens": context, "timed_steps": steps, "step_s": step_s}
+
+
 # ------------------------------------------------------------------------------------------- driver
 
 
@@ -259,6 +290,8 @@ def run(quick: bool, model_dir: str | None) -> dict:
     sections["prefix_cache"] = bench_prefix_cache(model, tokenizer, rng, 6 if quick else 12,
                                                   min(192, max_len // 2), repeats)
     sections["chunked_prefill"] = bench_chunked_prefill(model, tokenizer, rng, 4, min(384, max_len - 16), 32, repeats)
+    sections["step_cost"] = bench_step_cost(model, tokenizer, rng, (1, 8, 32), min(128, max_len // 2),
+                                            8 if quick else 32, repeats)
     return {"hardware": machine, "model": {"directory": str(model_dir or "shipped"),
                                               "parameters": sum(p.numel() for p in model.parameters()),
                                               "config": model.config.to_hf_dict()},
@@ -286,7 +319,7 @@ def summary_rows(result: dict) -> list[tuple[str, str]]:
     """(measurement, figure) pairs of a :func:`run` result; ratios are "x times faster", by best
     wall-clock time and by best CPU time of this process."""
     b1, sk, cs = result["batch1"], result["skewed_32"], result["continuous_vs_static"]
-    pc, cp = result["prefix_cache"], result["chunked_prefill"]
+    pc, cp, sc = result["prefix_cache"], result["chunked_prefill"], result["step_cost"]
 
     def times(r: dict) -> str:
         """A speed-up ratio by wall clock and by CPU time."""
@@ -315,6 +348,8 @@ def summary_rows(result: dict) -> list[tuple[str, str]]:
         ("long prompt arrives: max ITL of streams, chunked", ms(cp["max_itl_s_chunked"] * 1e3)),
         ("long prompt arrives: its TTFT, unchunked", ms(cp["long_prompt_ttft_s_unchunked"] * 1e3)),
         ("long prompt arrives: its TTFT, chunked", ms(cp["long_prompt_ttft_s_chunked"] * 1e3)),
+        *((f"one decode step, {rows} sequence(s) of ~{sc['context_tokens']} tokens", f"{t * 1e3:.2f} ms cpu")
+          for rows, t in sc["step_s"].items()),
     ]
 
 
