@@ -3,10 +3,10 @@
 Two separate design points, kept apart on purpose (they are often conflated):
 
 *Weights.* Every projection of the decoder (the packed ``qkv_proj`` and ``gate_up_proj``, ``o_proj``,
-``down_proj``) gets an int8 weight and one float32 scale per output channel (per row of the ``[out, in]`` weight), chosen
-symmetrically so that the row's largest absolute value maps to 127. :class:`Int8Linear` keeps only
-those two tensors and computes ``y = (x @ W_q^T) * scale``: the int8 weight is converted to the
-activation dtype on the fly and the per-row scale is applied to the output, which equals multiplying
+``down_proj``) gets an int8 weight and one float32 scale per output channel (per row of the ``[out, in]``
+weight), chosen symmetrically so that the row's largest absolute value maps to 127. :class:`Int8Linear`
+keeps only those two tensors and computes ``y = (x @ W_q^T) * scale``: the int8 weight is converted to
+the activation dtype on the fly and the per-row scale is applied to the output, which equals multiplying
 the dequantized weight because each scale belongs to exactly one output channel. Activations stay in
 floating point (weight-only, "W8A16"/"W8A32"). The embedding table and the LM head tied to it are
 not quantized: they are kept in the model's dtype, and :func:`model_weight_bytes` counts them.

@@ -17,6 +17,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from servelab.model.llama import LlamaConfig
 from servelab.viz.core import Table, table
 
 __all__ = ["CARD_KEYS", "card_curve", "loss_curve_figure", "model_card_table"]
@@ -105,7 +106,7 @@ def model_card_table(cards: Mapping[str, Mapping[str, Any]], *, caption: str | N
 
     def facts(card: Mapping[str, Any]) -> dict[str, str]:
         cfg, settings = card["model_config"], card["settings"]
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        head_dim = LlamaConfig.from_hf_dict(cfg).head_dim  # derived from width / heads when absent
         return {
             "layers": f"{cfg['num_hidden_layers']:d}",
             "width (hidden size)": f"{cfg['hidden_size']:d}",
