@@ -100,7 +100,7 @@ def _mfu(mfu: object) -> float:
 
 @dataclass(frozen=True)
 class Accelerator:
-    """One device for roofline timing: ``peak_flops`` (FLOP/s) and ``memory_bandwidth`` (bytes/s)."""
+    """One device for kernel timing: ``peak_flops`` (FLOP/s) and ``memory_bandwidth`` (bytes/s)."""
 
     peak_flops: float
     memory_bandwidth: float
@@ -353,8 +353,8 @@ class DisaggregationEstimate:
 
     ``transfer_s`` is added once to this request's TTFT when prefill and decode run on different
     nodes. ``stall_s`` is how much longer the iterations of the ``decode_streams`` co-located streams
-    get when this prefill shares them (mixed-batch roofline time minus decode-only time; chunked or
-    not, the prefill's extra time lands in iterations those streams wait for). ``net_s`` counts one
+    get when the whole prefill shares one of their iterations (mixed-batch time minus decode-only
+    time, both at the stated MFU; :func:`compare_prefill_placements` adds the chunked case). ``net_s`` counts one
     second of anyone's delay equally: positive means disaggregating this prompt removes more delay
     than it adds.
     """
