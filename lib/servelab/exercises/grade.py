@@ -17,14 +17,16 @@ it in a sandbox (a container, a throwaway account) for untrusted submissions.
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
+import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError
 
 from servelab._validate import require_real
 from servelab.exercises.catalog import EXERCISES, Exercise
@@ -70,10 +72,24 @@ def _prepare(path: Path, exercise: Exercise) -> nbformat.NotebookNode:
     return nb
 
 
-async def _execute(nb: nbformat.NotebookNode, folder: Path, time_limit: float) -> None:
-    client = NotebookClient(nb, timeout=None, allow_errors=True, kernel_name="python3",
+class _OverTime(Exception):
+    """The notebook used up its time limit."""
+
+
+def _execute(nb: nbformat.NotebookNode, folder: Path, time_limit: float) -> None:
+    """Run every cell in one fresh kernel; each cell may use what is left of the notebook's limit."""
+    client = NotebookClient(nb, allow_errors=True, kernel_name="python3",
                             resources={"metadata": {"path": str(folder)}})
-    await asyncio.wait_for(client.async_execute(), timeout=time_limit)
+    deadline = time.monotonic() + time_limit
+    with client.setup_kernel():
+        for index, cell in enumerate(nb.cells):
+            client.timeout = math.ceil(deadline - time.monotonic())
+            if client.timeout <= 0:
+                raise _OverTime
+            try:
+                client.execute_cell(cell, index)
+            except CellTimeoutError:
+                raise _OverTime from None
 
 
 def _first_error(nb: nbformat.NotebookNode) -> str:
@@ -125,9 +141,9 @@ def grade_notebook(path: str | Path, student: str, time_limit: float = 60.0) -> 
     exercise = EXERCISES[path.stem.split("__")[-1]]
     nb = _prepare(path, exercise)
     try:
-        asyncio.run(_execute(nb, path.parent, time_limit))
+        _execute(nb, path.parent, time_limit)
         report, crash = _report(nb), _first_error(nb)
-    except asyncio.TimeoutError:
+    except _OverTime:
         report, crash = None, f"timed out after {time_limit:g} s"
     except Exception as exc:  # a dead kernel or an unreadable notebook scores 0, the batch goes on
         report, crash = None, f"the notebook could not run: {type(exc).__name__}: {exc}"
