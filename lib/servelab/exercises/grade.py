@@ -29,7 +29,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError
 
 from servelab._validate import require_real
-from servelab.exercises.catalog import EXERCISES, Exercise
+from servelab.exercises.catalog import EXERCISES, Exercise, exercise_for
 
 __all__ = ["CaseGrade", "grade_notebook", "grade_submissions", "write_grades"]
 
@@ -78,7 +78,7 @@ class _OverTime(Exception):
 
 def _execute(nb: nbformat.NotebookNode, folder: Path, time_limit: float) -> None:
     """Run every cell in one fresh kernel; each cell may use what is left of the notebook's limit."""
-    client = NotebookClient(nb, allow_errors=True, kernel_name="python3",
+    client = NotebookClient(nb, allow_errors=True, kernel_name="python3", shutdown_kernel="immediate",
                             resources={"metadata": {"path": str(folder)}})
     deadline = time.monotonic() + time_limit
     with client.setup_kernel():
@@ -138,9 +138,9 @@ def grade_notebook(path: str | Path, student: str, time_limit: float = 60.0) -> 
     """Execute one student's exercise notebook and return one row per case plus the exercise's total row."""
     path = Path(path)
     require_real("time_limit", time_limit, 0, strict_min=True)
-    exercise = EXERCISES[path.stem.split("__")[-1]]
-    nb = _prepare(path, exercise)
+    exercise = exercise_for(path.stem.split("__")[-1])
     try:
+        nb = _prepare(path, exercise)
         _execute(nb, path.parent, time_limit)
         report, crash = _report(nb), _first_error(nb)
     except _OverTime:
