@@ -23,7 +23,7 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 # SOLUTIONS=0 builds the book without exercise solutions (e.g. `make book SOLUTIONS=0`).
-SOLUTIONS ?= 1
+SOLUTIONS ?= $(or $(SERVELAB_SOLUTIONS),1)
 JB := SERVELAB_SOLUTIONS=$(SOLUTIONS) $(VENV)/bin/jupyter-book
 
 # The everyday build: a notebook is re-executed when it changed, and every notebook when anything

@@ -314,8 +314,8 @@ def test_label_defined_accepts_directive_labels(tmp_path):
 def test_interview_notebook_renders_every_question():
     nb = nbformat.read(str(ROOT / "notebooks" / "ch09-interview.ipynb"), as_version=4)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    rendered = set(re.findall(r'tier_myst\(bank, "(L\d)", "([a-z-]+)", root\)', code))
+    rendered = set(re.findall(r'tier_view\(bank, "(L\d)", "([a-z-]+)", root\)', code))
     assert {(q.tier, q.set) for q in BANK.questions} <= rendered
-    myst_cells = [c for c in nb.cells if "tier_myst(bank" in c.source or "design_exercise_myst(" in c.source]
+    myst_cells = [c for c in nb.cells if "tier_view(bank" in c.source or "design_exercise_view(" in c.source]
     assert myst_cells and all(c.metadata["mystnb"]["markdown_format"] == "myst" for c in myst_cells)
     assert "design_exercises[0]" in code
