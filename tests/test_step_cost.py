@@ -37,3 +37,16 @@ def test_measurement_grows_with_the_batch():
     assert 0 < small < large  # 256 sequences cost more than one, whatever the machine
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
         measure_decode_step(model, tokenizer, 0, 16)
+
+
+def test_figure_draws_the_measured_curve_and_the_knee():
+    from servelab.step_cost import StepCostFit
+    from servelab.viz.step_cost import step_cost_figure
+
+    fit = StepCostFit(fixed=1.0, per_sequence=0.1)
+    fig = step_cost_figure([1, 10, 100], [1.1, 2.0, 11.0], fit)
+    assert len(fig.data) == 4
+    assert list(fig.data[2].y) == pytest.approx([1.1, 0.2, 0.11])  # per-sequence view is measured / B
+    assert "Knee at about 10 sequences" in fig.layout.title.text
+    with pytest.raises(ValueError, match="equal length"):
+        step_cost_figure([1, 2], [1.0], fit)
