@@ -114,7 +114,7 @@ def check_state_dict(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> None:
 
 
 def load_checkpoint(directory: str | Path | None = None, device: str | torch.device | None = None,
-                    dtype: torch.dtype | None = None) -> LlamaForCausalLM:
+                    dtype: str | torch.dtype | None = None) -> LlamaForCausalLM:
     """Load a Llama-family HF folder (``config.json`` + ``model.safetensors``) in eval mode.
 
     Defaults: the shipped Shakespeare model; device and dtype from :func:`servelab.device.pick_device`
