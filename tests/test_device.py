@@ -79,3 +79,14 @@ def test_engine_and_benchmark_use_the_rule(monkeypatch):
     assert (record["device"], record["dtype"], record["gpu"], record["torch"]) == \
         ("cpu", "bfloat16", None, torch.__version__)
     assert describe_device(torch.device("cpu"))["cpu"]
+
+
+def test_model_takes_ids_built_on_the_cpu_wherever_it_lives():
+    """Token ids made with a bare ``torch.tensor`` (on the CPU) reach a model on another device; the
+    ``meta`` device stands in for a GPU here."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    logits = model(ids, positions=torch.arange(3).expand(2, 3))
+    assert logits.device.type == "meta" and logits.shape == (2, 3, 300)
