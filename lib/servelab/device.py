@@ -35,12 +35,12 @@ def pick_device(device: str | torch.device | None = None,
         ValueError: an unknown device or dtype name (naming the argument or environment variable and the
             allowed values), or CUDA asked for where ``torch.cuda.is_available()`` is False.
     """
-    where = _device(device if device is not None else os.environ.get(DEVICE_ENV) or None,
-                    "device" if device is not None else DEVICE_ENV)
-    if dtype is None and os.environ.get(DTYPE_ENV):
-        return where, _dtype(os.environ[DTYPE_ENV], DTYPE_ENV)
+    where = (_device(device, "device") if device is not None
+             else _device(os.environ.get(DEVICE_ENV) or None, DEVICE_ENV))
     if dtype is not None:
         return where, _dtype(dtype, "dtype")
+    if os.environ.get(DTYPE_ENV):
+        return where, _dtype(os.environ[DTYPE_ENV], DTYPE_ENV)
     if where.type == "cuda":
         return where, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return where, torch.float32
