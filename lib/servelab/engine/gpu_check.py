@@ -240,13 +240,18 @@ def measure_decode(models: dict[str, LlamaForCausalLM], tokenizer, sizes: Sizes,
 
 def run_engine_tests(sizes: Sizes, device: torch.device) -> dict:
     """The engine's test modules on ``device`` only, in a child pytest; its exit status and summary line."""
-    files = sorted(glob.glob(sizes.test_files))
+    files = sorted(glob.glob(sizes.test_files))  # relative to the repository root, where the script runs
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+    record = {"command": " ".join(command[1:]), "device": device.type}
+    if not files:
+        return record | {"returncode": 5, "summary": f"no test files match {sizes.test_files} here ({os.getcwd()})"}
     env = dict(os.environ, SERVELAB_TEST_DEVICES=device.type)
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return record | {"returncode": 124, "summary": "the engine tests ran past 300 s"}
     lines = [line for line in done.stdout.splitlines() if line.strip()]
-    return {"command": " ".join(command[1:]), "device": device.type, "returncode": done.returncode,
-            "summary": lines[-1] if lines else done.stderr[-500:]}
+    return record | {"returncode": done.returncode, "summary": lines[-1] if lines else done.stderr[-500:]}
 
 
 def run_benchmark(model, tokenizer, sizes: Sizes) -> dict:
