@@ -244,7 +244,7 @@ def test_full_queue_answers_503_with_retry_after(make_server):
         wait_for(lambda: server.bridge.num_waiting == 1)
         status, headers, body = post(server, "/completions", {"model": MODEL, "prompt": "x", "max_tokens": 5})
     assert status == 503 and int(headers["Retry-After"]) >= 1
-    assert body["error"]["type"] == "overloaded" and "queue is full" in body["error"]["message"]
+    assert body["error"]["code"] == "overloaded" and "queue is full" in body["error"]["message"]
     assert b" 200 OK" in queued.recv(4096)  # the queued one is served once the engine runs again
     queued.close()
     assert_engine_clean(server)
@@ -311,7 +311,7 @@ def test_rate_limit_quota_and_api_keys(make_server):
     assert status == 200 and server.gate.used_tokens("bob") == ok["usage"]["total_tokens"]
     assert post(server, "/completions", body, bob)[0] == 200  # 7 < 10: still inside the quota
     status, headers, err = post(server, "/completions", body, bob)
-    assert status == 429 and err["error"]["type"] == "quota_exceeded" and int(headers["Retry-After"]) > 3000
+    assert status == 429 and err["error"]["code"] == "quota_exceeded" and int(headers["Retry-After"]) > 3000
 
 
 # ------------------------------------------------------------------------------------------ bad input
@@ -361,7 +361,7 @@ def test_malformed_chat_and_bodies(server):
 def test_deadline_ends_request_as_timed_out(server):
     body = {"model": MODEL, "prompt": "ROMEO:\n", "max_tokens": 240, "ignore_eos": True, "deadline_s": 0.05}
     status, _, err = post(server, "/completions", body)
-    assert status == 504 and err["error"]["type"] == "timeout"
+    assert status == 504 and err["error"]["code"] == "timeout"
     sock = open_stream(server, body | {"stream": True, "deadline_s": 0.5})
     with engine_paused(server):
         time.sleep(0.6)  # the deadline passes mid-stream; the next step ends the request
@@ -369,7 +369,7 @@ def test_deadline_ends_request_as_timed_out(server):
     while b"[DONE]" not in received:
         received += sock.recv(65536)
     sock.close()
-    assert b'"type": "timeout"' in received.split(b"data: ")[-2]  # the last event before [DONE]
+    assert b'"code": "timeout"' in received.split(b"data: ")[-2]  # the last event before [DONE]
     assert_engine_clean(server)
     states = [r.state for r in server.call(lambda e: e.ledger.records)]
     assert states == [RequestState.TIMED_OUT] * 2

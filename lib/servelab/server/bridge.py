@@ -446,11 +446,15 @@ class EngineBridge:
                     self._pause(output.request_id, tracked)
 
     def _mark_started(self) -> None:
-        """Requests no longer in the scheduler's waiting queue have been scheduled: they leave the bound."""
-        waiting = {seq.seq_id for seq in self.engine.scheduler.waiting}
+        """Requests the last tick admitted have been scheduled: they leave the bound.
+
+        A request's first sequence id is its request id, so ``last_schedule.admitted`` names requests.
+        """
+        schedule = self.engine.last_schedule
         now = time.monotonic()
-        for request_id, tracked in self._tracked.items():
-            if not tracked.started and request_id not in waiting:
+        for request_id in schedule.admitted if schedule is not None else ():
+            tracked = self._tracked.get(request_id)
+            if tracked is not None and not tracked.started:
                 tracked.started = True
                 self._unqueue()
                 delay = now - tracked.submitted
