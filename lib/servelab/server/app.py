@@ -55,6 +55,7 @@ from servelab.engine import LLMEngine
 from servelab.sampling import SamplingParams
 from servelab.server.bridge import EngineBridge, EngineFailure, Overloaded, RequestStream
 from servelab.server.gate import IngressGate, Rejection, TenantLimits
+from servelab.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from servelab.server.protocol import ParsedRequest, bad, parse_json, parse_request, render_chat
 from servelab.server.responses import Exchange, error_response, rejection_for, sse
 
@@ -62,6 +63,7 @@ __all__ = ["ServerConfig", "create_app", "render_chat", "BackgroundServer", "DEF
 
 DEFAULT_MODEL_NAME = "servelab-shakespeare"
 _log = logging.getLogger(__name__)
+METRICS_TIMEOUT_S = 5.0  # how long a scrape waits for the engine thread to finish its step
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class _State:
     config: ServerConfig
     gate: IngressGate
     bridge: EngineBridge
+    metrics: ServerMetrics
     vocab_size: int | None
     kv_capacity_tokens: int  # tokens the whole KV pool holds: no sequence can be longer
 
@@ -285,6 +288,14 @@ async def _health(request: web.Request) -> web.Response:
                               "queue_delay_ewma_s": round(bridge.queue_delay_ewma_s, 4)})
 
 
+async def _metrics(request: web.Request) -> web.Response:
+    """Prometheus text format; the engine gauges are read between two steps (on the engine thread)."""
+    state = request.app[STATE]
+    with contextlib.suppress(EngineFailure, asyncio.TimeoutError):  # a dead engine: the counters still answer
+        state.metrics.set_engine_stats(await asyncio.wait_for(state.bridge.call(LLMEngine.stats), METRICS_TIMEOUT_S))
+    return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 _HTTP_ERRORS = {404: ("not_found_error", "unknown_url"), 405: ("invalid_request_error", "method_not_allowed"),
                 413: ("invalid_request_error", "request_too_large")}
 
@@ -323,10 +334,11 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.App
     if not isinstance(config, ServerConfig):
         raise TypeError(f"config must be a ServerConfig, got {type(config).__name__}")
     gate = IngressGate(config.api_keys, config.tenant_limits, config.per_tenant_limits, config.max_body_bytes)
+    metrics = ServerMetrics(config.model_name)
     bridge = EngineBridge(engine, config.max_waiting, config.queue_timeout_s, config.stream_buffer_chunks,
-                          config.backpressure_timeout_s)
+                          config.backpressure_timeout_s, metrics)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[openai_errors])
-    app[STATE] = _State(engine, config, gate, bridge, _vocab_size(engine),
+    app[STATE] = _State(engine, config, gate, bridge, metrics, _vocab_size(engine),
                         engine.allocator.num_blocks * engine.config.block_size)
 
     async def start_engine(app: web.Application) -> None:
@@ -342,6 +354,7 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.App
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
     return app
 
 

@@ -10,7 +10,8 @@ Accepted ``prompt`` shapes (as OpenAI and vLLM): a string, a list of strings, a 
 list of lists of token ids; each prompt is one engine request, and with ``n`` samples each, choice
 ``index = prompt_i * n + j``. Chat ``content`` is a string or a list of ``{"type": "text", "text": ...}``
 parts. ``logit_bias`` maps token ids (JSON object keys, so strings) to a bias in [-100, 100] added to
-the logits before sampling.
+the logits before sampling. A ``temperature`` below 1e-5 samples greedily (vLLM's rule; dividing the
+logits by a subnormal temperature would overflow them).
 
 System boundary: the decoded JSON body of one request; no engine state.
 """
@@ -34,6 +35,7 @@ MAX_JSON_DEPTH = 32  # nested objects/arrays a body may have; OpenAI's own bodie
 CHAT_END_OF_TURN = "\n\n"
 MAX_STOP_STRINGS = 4
 MAX_PROMPTS = 32
+GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (vLLM's rule): 1/T would overflow the logits
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 UNSUPPORTED = ("logprobs", "echo", "suffix", "tools", "tool_choice", "functions", "response_format", "best_of",
                "top_logprobs")
@@ -173,12 +175,12 @@ def parse_prompts(value: object, vocab_size: int | None) -> tuple[str | tuple[in
     prompts: list[str | tuple[int, ...]] = []
     for i, item in enumerate(value):
         param = "prompt" if len(value) == 1 else f"prompt[{i}]"
-        if isinstance(item, str) and item:
+        if isinstance(item, str) and item and isinstance(value[0], str):
             prompts.append(check_text(item, param))
-        elif isinstance(item, list):
+        elif isinstance(item, list) and isinstance(value[0], list):
             prompts.append(_token_ids(item, param, vocab_size))
         else:
-            raise bad(shapes, param)
+            raise bad(f"{shapes}, not a mix of them", param)
     return tuple(prompts)
 
 
@@ -259,16 +261,21 @@ def _top_k(body: dict) -> int | None:
     return _integer(body, "top_k", None, 1, 1 << 20)
 
 
+def _temperature(body: dict) -> float:
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    return 0.0 if temperature < GREEDY_BELOW else temperature
+
+
 def _sampling_params(body: dict, chat: bool, config: ServerConfig, vocab_size: int | None) -> SamplingParams:
     """The body's sampling fields as :class:`SamplingParams`, range-checked with OpenAI's limits."""
     tokens_field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     try:
         return SamplingParams(
-            temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_k=_top_k(body),
+            temperature=_temperature(body), top_k=_top_k(body),
             top_p=_number(body, "top_p", 1.0, 0.0, 1.0), min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
             presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
             frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-            repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 10.0),
+            repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.01, 10.0),
             logit_bias=parse_logit_bias(body.get("logit_bias"), vocab_size),
             max_tokens=_integer(body, tokens_field, config.default_max_tokens, 1, 1 << 20),
             stop=_stop_strings(body, chat), ignore_eos=_flag(body, "ignore_eos", False),
