@@ -742,7 +742,8 @@ FIELDS = {"prompt": st.one_of(st.sampled_from(["ROMEO:\n", "a \udc00", ""]), st.
           "ignore_eos": JSON_VALUES, "deadline_s": JSON_VALUES, "logprobs": JSON_VALUES, "best_of": SMALL,
           "presence_penalty": JSON_VALUES, "repetition_penalty": JSON_VALUES}
 TEXT_VALUES = st.text(st.characters(codec=None), min_size=1, max_size=10)
-PLAUSIBLE = {"prompt": st.one_of(st.sampled_from(["ROMEO:\n", "x"]), st.lists(st.integers(0, 299), min_size=1, max_size=5),
+PLAUSIBLE = {"prompt": st.one_of(st.sampled_from(["ROMEO:\n", "x"]),
+                                 st.lists(st.integers(0, 299), min_size=1, max_size=5),
                                  st.lists(TEXT_VALUES, min_size=1, max_size=3)),
              "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]),
                                                          "content": TEXT_VALUES}), min_size=1, max_size=2),
@@ -882,3 +883,29 @@ def test_disconnect_storm_leaves_nothing_running(make_server):
     assert metrics.value("servelab:kv_cache_usage_perc", model_name=MODEL) == 0
     assert metrics.value("servelab:request_success_total") == streams
     assert metrics.value("servelab:request_success_total", finished_reason="abort") >= len(dropped) // 2
+
+
+# ------------------------------------------------------------------------------------------ the book's demos
+
+
+def test_demo_functions_show_the_wire_the_client_and_two_boundaries(real_model):
+    from servelab.server.demo import course_server, openai_stream, raw_exchange, stream_text, ttft_at_two_boundaries
+
+    model, tokenizer = real_model
+    expected = offline_text(model, tokenizer, "ROMEO:\n", SamplingParams(max_tokens=12, seed=1))
+    with course_server() as server:  # the shipped model, on a free loopback port
+        port = server.port
+        body = {"model": server.config.model_name, "prompt": "ROMEO:\n", "max_tokens": 12, "seed": 1, "stream": True}
+        short = raw_exchange(server, body, max_events=5)
+        assert short.startswith("POST /v1/completions HTTP/1.1\nHost: 127.0.0.1:")
+        assert "\n\nHTTP/1.1 200 OK\nContent-Type: text/event-stream" in short
+        assert short.endswith("data: [DONE]") and "more data: events) ..." in short
+        assert short.count("data: {") == 4  # 3 first events, then the last one before [DONE]
+        assert stream_text(raw_exchange(server, body, max_events=100)) == expected
+        assert "".join(openai_stream(server, "ROMEO:\n", max_tokens=12, seed=1)) == expected
+        client, served = ttft_at_two_boundaries(server, rate=10.0, duration_s=1.0, seed=2)
+        assert client["requests"] == served["requests"] >= 5  # the same requests, seen at both boundaries
+        assert client["mean_ms"] > served["mean_ms"] > 0  # the client's boundary includes the server's
+        assert served["p50_ms"] <= served["p90_ms"]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # stopped cleanly

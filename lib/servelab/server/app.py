@@ -393,6 +393,10 @@ class BackgroundServer:
         return f"http://{self.host}:{self.port}/v1"
 
     @property
+    def config(self) -> ServerConfig:
+        return self.app[STATE].config
+
+    @property
     def bridge(self) -> EngineBridge:
         return self.app[STATE].bridge
 

@@ -13,11 +13,14 @@ one process (tests, notebooks). Every series carries ``model_name``; token count
 | ``servelab:num_preemptions_total`` | counter | sequences preempted (recompute or swap) |
 | ``servelab:prompt_tokens_total`` | counter | prompt tokens of requests the engine accepted |
 | ``servelab:generation_tokens_total`` | counter | tokens the engine generated |
-| ``servelab:request_success_total`` | counter | ended requests by ``finished_reason`` (stop, length, abort, timeout, error) |
+| ``servelab:request_success_total`` | counter | ended requests, by ``finished_reason`` (see below) |
 | ``servelab:request_queue_time_seconds`` | histogram | submit to the bridge -> admitted by the scheduler |
-| ``servelab:time_to_first_token_seconds`` | histogram | submit -> the engine thread hands out the first generated token |
+| ``servelab:time_to_first_token_seconds`` | histogram | submit -> the engine thread hands out the first token |
 | ``servelab:inter_token_latency_seconds`` | histogram | between two consecutive outputs of a request |
 | ``servelab:e2e_request_latency_seconds`` | histogram | submit -> the request ended |
+
+``finished_reason`` is ``stop`` (a stop string or EOS), ``length``, ``abort`` (cancelled: the client went
+away, or the bridge gave up on it), ``timeout`` (its deadline passed) or ``error`` (the engine failed it).
 
 System boundary: the server's, not the client's. "Submit" is when the handler, after parsing and
 tokenizing, queues the request to the engine thread; "hands out" is when that thread puts an output into
