@@ -590,6 +590,12 @@ def test_official_client_n_stop_logit_bias_and_list_prompts(real_server, real_mo
                                       SamplingParams(max_tokens=8, seed=9 + c.index, ignore_eos=True))
     records = server.call(lambda e: e.ledger.records)
     assert len(records) == 1  # n samples of one engine request (prefilled once, forked), not n requests
+    streamed = {}
+    for chunk in client.completions.create(model=MODEL, prompt="JULIET:\n", max_tokens=8, n=3, seed=9, stream=True,
+                                           extra_body={"ignore_eos": True}):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == {c.index: c.text for c in many.choices}
     full = client.completions.create(model=MODEL, prompt="ROMEO:\n", max_tokens=30, seed=1,
                                      extra_body={"ignore_eos": True}).choices[0].text
     stop = next(ch for k, ch in enumerate(full) if k > 0 and ch not in full[:k])  # a first occurrence after 0
@@ -809,6 +815,7 @@ def test_metrics_count_requests_tokens_and_latencies(server, tokenizer):
     client = client_for(server)
     replies = [client.completions.create(model=MODEL, prompt="ROMEO:\n" * (i + 1), max_tokens=6 + i, n=1 + i % 2,
                                          extra_body={"ignore_eos": True}) for i in range(4)]
+    replies.append(client.completions.create(model=MODEL, prompt="x", max_tokens=1))  # admitted and done in one step
     after = scrape_now(server)
     labels = {"model_name": MODEL}
     generated = sum(r.usage.completion_tokens for r in replies)
@@ -816,10 +823,10 @@ def test_metrics_count_requests_tokens_and_latencies(server, tokenizer):
         - before.value("servelab:generation_tokens_total", **labels) == generated
     assert after.value("servelab:prompt_tokens_total", **labels) - before.value("servelab:prompt_tokens_total") \
         == sum(r.usage.prompt_tokens for r in replies)
-    assert after.value("servelab:request_success_total", finished_reason="length", **labels) == 4
+    assert after.value("servelab:request_success_total", **labels) == 5
     for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
         delta = histogram_delta(before, after, f"servelab:{name}", **labels)
-        assert delta.count == 4 and delta.buckets[-1] == (math.inf, 4) and 0 < delta.mean < 10
+        assert delta.count == 5 and delta.buckets[-1] == (math.inf, 5) and 0 < delta.mean < 10
     ttft = histogram_delta(before, after, "servelab:time_to_first_token_seconds", **labels)
     e2e = histogram_delta(before, after, "servelab:e2e_request_latency_seconds", **labels)
     assert ttft.sum < e2e.sum

@@ -333,9 +333,10 @@ class EngineBridge:
                 self._expire_backpressure()
                 if self.engine.has_unfinished():  # while all are paused, a cheap step that checks deadlines
                     step_start = time.monotonic()
-                    self._deliver(self.engine.step())
-                    self._mark_started(step_start)
+                    outputs = self.engine.step()
+                    self._mark_started(step_start)  # first: a request admitted and finished in one step counts
                     self._count_preemptions()
+                    self._deliver(outputs)
         except Exception as exc:  # a crashed engine fails every request in flight (FAILED path)
             self.failure = exc
             self._end_all(EngineFailure(f"the engine failed: {exc!r}"))
