@@ -1,6 +1,9 @@
 """servelab.server over real HTTP on 127.0.0.1: streamed text equals the engine's offline output, disconnects
 free every KV block, overload answers 429/503 with Retry-After, bad input gets a 4xx naming the problem,
-deadlines and slow clients end requests without leaks. A small random-weight model keeps it fast on CPU."""
+deadlines and slow clients end requests without leaks. A small random-weight model keeps it fast on CPU.
+Then OpenAI compatibility with the official ``openai`` client (on the shipped model, whose samples vary with
+the seed), OpenAI-shaped errors for everything, a hypothesis fuzz of request bodies (never a 5xx), the
+Prometheus metrics (a disconnect storm leaves nothing running), and the book's demo functions."""
 
 import asyncio
 import contextlib
