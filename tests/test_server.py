@@ -7,6 +7,7 @@ Prometheus metrics (a disconnect storm leaves nothing running), and the book's d
 
 import asyncio
 import contextlib
+import http.client
 import json
 import math
 import os
@@ -19,16 +20,22 @@ import time
 import urllib.request
 
 import aiohttp
+import openai
 import pytest
 import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from servelab.engine import EngineConfig, LLMEngine
 from servelab.lifecycle import RequestState
-from servelab.model import LlamaConfig, LlamaForCausalLM, train_tokenizer
+from servelab.loadgen import histogram_delta, metrics_url, parse_metrics
+from servelab.loadgen.scrape import HistogramDelta
+from servelab.model import LlamaConfig, LlamaForCausalLM, load_checkpoint, load_tokenizer, train_tokenizer
 from servelab.sampling import SamplingParams
 from servelab.server import (DEFAULT_MODEL_NAME, BackgroundServer, EngineBridge, IngressGate, Rejection,
                              ServerConfig, TenantLimits, TokenBucket, render_chat)
 from servelab.server.bridge import BackpressurePolicy, SlowClient
+from servelab.server.demo import course_server, openai_stream, raw_exchange, stream_text, ttft_at_two_boundaries
 
 torch.set_num_threads(1)
 
@@ -497,17 +504,7 @@ def test_backpressure_policy_thresholds():
     assert not policy.should_give_up(12) and policy.should_give_up(12.5)
 
 
-# ================================================================================ OpenAI compatibility (issue 13)
-
-import http.client  # noqa: E402
-
-import openai  # noqa: E402
-from hypothesis import HealthCheck, event, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from servelab.loadgen import histogram_delta, metrics_url, parse_metrics  # noqa: E402
-from servelab.loadgen.scrape import HistogramDelta  # noqa: E402
-from servelab.model import load_checkpoint, load_tokenizer  # noqa: E402
+# ------------------------------------------------------------------------------------------ OpenAI compatibility
 
 
 @pytest.fixture(scope="module")
@@ -899,8 +896,6 @@ def test_disconnect_storm_leaves_nothing_running(make_server):
 
 
 def test_demo_functions_show_the_wire_the_client_and_two_boundaries(real_model):
-    from servelab.server.demo import course_server, openai_stream, raw_exchange, stream_text, ttft_at_two_boundaries
-
     model, tokenizer = real_model
     expected = offline_text(model, tokenizer, "ROMEO:\n", SamplingParams(max_tokens=12, seed=1))
     with course_server() as server:  # the shipped model, on a free loopback port
