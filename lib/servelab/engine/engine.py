@@ -114,6 +114,17 @@ class RequestOutput:
     samples: tuple[SampleOutput, ...] = ()
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's load between two steps: sequences per scheduler queue, and the fraction of KV blocks
+    in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free)."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    kv_cache_usage: float
+
+
 @dataclass(eq=False)
 class _Sample:
     """One sample's generation state around its scheduler :class:`Sequence` (a request has ``n``)."""
@@ -247,6 +258,11 @@ class LLMEngine:
         self._samples.update((s.seq.seq_id, s) for s in samples)
         self.scheduler.add(samples[0].seq)  # the siblings join when it forks, after its prompt
         return request_id
+
+    def stats(self) -> EngineStats:
+        """Sequences running, waiting and swapped out now, and the KV pool's used fraction."""
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
+                           self.allocator.num_used_blocks / self.allocator.num_blocks)
 
     def has_unfinished(self) -> bool:
         """True while some request has not ended (or an ended one's final output is not yet returned)."""
