@@ -10,7 +10,7 @@ export MPLBACKEND := Agg
 # One thread keeps CPU timings and float reductions repeatable on a shared 2-core machine.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup book book-strict test test-lib test-notebooks test-notebooks-cpus test-browser browser-deps checks clean lab
+.PHONY: setup book book-strict test test-lib test-notebooks test-notebooks-cpus test-clean-install test-browser browser-deps checks clean lab
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -59,6 +59,15 @@ test-notebooks: setup
 test-notebooks-cpus: setup
 	$(PY) tools/nbval_variants.py
 
+# A wheel installed into a fresh venv with only its declared dependencies (as on Colab), and every
+# notebook run from a folder outside the checkout: no error cell anywhere (tools/clean_install.py).
+test-clean-install: setup
+	$(PY) tools/clean_install.py
+
+# JupyterLab on the notebooks, in the project's venv (for students working locally).
+lab: setup
+	$(VENV)/bin/jupyter-lab notebooks
+
 # Debian's chromium for the browser test, and a CJK font so the Chinese cheat sheet's screenshot is legible.
 browser-deps:
 	@{ command -v chromium >/dev/null && fc-list :lang=zh | grep -q .; } || { apt-get update -qq && \
@@ -69,7 +78,7 @@ browser-deps:
 test-browser: setup browser-deps
 	$(PY) -m pytest -q -p no:cacheprovider browser_tests
 
-test: setup checks test-lib test-notebooks test-notebooks-cpus book-strict test-browser
+test: setup checks test-lib test-notebooks test-notebooks-cpus test-clean-install book-strict test-browser
 
 clean:
 	rm -rf _build

@@ -914,3 +914,20 @@ def test_demo_functions_show_the_wire_the_client_and_two_boundaries(real_model):
         assert served["p50_ms"] <= served["p90_ms"]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()  # stopped cleanly
+
+
+def test_chat_uses_the_checkpoints_own_template_when_it_has_one():
+    from servelab.chat_template import ChatTemplate
+    from servelab.server.protocol import chat_prompt, parse_request
+    from servelab.server.app import ServerConfig
+
+    template = ChatTemplate("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert chat_prompt(messages, template) == "<|user|>hi\n<|assistant|>"
+    assert chat_prompt(messages, None) == "USER:\nhi\n\nASSISTANT:\n"
+    body = {"model": ServerConfig().model_name, "messages": messages}
+    assert parse_request(body, True, ServerConfig(), None, template).params.stop == ()  # EOS ends the turn
+    assert parse_request(body, True, ServerConfig(), None, None).params.stop == ("\n\n",)
+    with pytest.raises(Exception, match=r"messages\[0\]\.content"):
+        chat_prompt([{"role": "user", "content": 3}], template)

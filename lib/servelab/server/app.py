@@ -220,7 +220,7 @@ def _admit(state: _State, body: object, chat: bool, tenant: str) -> tuple[Exchan
 
     Raises :class:`Rejection`, ``Overloaded`` or ``EngineFailure``.
     """
-    parsed = parse_request(body, chat, state.config, state.vocab_size)
+    parsed = parse_request(body, chat, state.config, state.vocab_size, state.engine.chat_template)
     prompt_ids = [_encode(state, p) for p in parsed.prompts]
     params = _fit_context(state, parsed, prompt_ids, chat)
     streams = _submit(state, prompt_ids, params, parsed.deadline_s, tenant)

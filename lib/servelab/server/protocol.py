@@ -27,9 +27,10 @@ from servelab.sampling import SamplingParams
 from servelab.server.gate import Rejection
 
 if TYPE_CHECKING:
+    from servelab.chat_template import ChatTemplate
     from servelab.server.app import ServerConfig
 
-__all__ = ["ParsedRequest", "parse_json", "json_depth", "parse_request", "render_chat", "MAX_JSON_DEPTH"]
+__all__ = ["ParsedRequest", "parse_json", "json_depth", "parse_request", "render_chat", "chat_prompt", "MAX_JSON_DEPTH"]
 
 MAX_JSON_DEPTH = 32  # nested objects/arrays a body may have; OpenAI's own bodies need 4
 CHAT_END_OF_TURN = "\n\n"
@@ -215,10 +216,12 @@ def render_chat(messages: object) -> str:
     return "".join(turns) + "ASSISTANT:\n"
 
 
-def _stop_strings(body: dict, chat: bool) -> tuple[str, ...]:
+def _stop_strings(body: dict, course_chat: bool) -> tuple[str, ...]:
+    """``stop`` checked; for the course chat format the end of a turn stops by default (a model's own
+    chat template ends a turn with its end-of-sequence token instead)."""
     stop = body.get("stop")
     if stop is None:
-        return (CHAT_END_OF_TURN,) if chat else ()
+        return (CHAT_END_OF_TURN,) if course_chat else ()
     stops = [stop] if isinstance(stop, str) else stop
     if (not isinstance(stops, list) or not 0 < len(stops) <= MAX_STOP_STRINGS
             or not all(isinstance(s, str) and s for s in stops)):
@@ -266,7 +269,8 @@ def _temperature(body: dict) -> float:
     return 0.0 if temperature < GREEDY_BELOW else temperature
 
 
-def _sampling_params(body: dict, chat: bool, config: ServerConfig, vocab_size: int | None) -> SamplingParams:
+def _sampling_params(body: dict, chat: bool, config: ServerConfig, vocab_size: int | None,
+                     course_chat: bool) -> SamplingParams:
     """The body's sampling fields as :class:`SamplingParams`, range-checked with OpenAI's limits."""
     tokens_field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     try:
@@ -278,7 +282,7 @@ def _sampling_params(body: dict, chat: bool, config: ServerConfig, vocab_size: i
             repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.01, 10.0),
             logit_bias=parse_logit_bias(body.get("logit_bias"), vocab_size),
             max_tokens=_integer(body, tokens_field, config.default_max_tokens, 1, 1 << 20),
-            stop=_stop_strings(body, chat), ignore_eos=_flag(body, "ignore_eos", False),
+            stop=_stop_strings(body, course_chat), ignore_eos=_flag(body, "ignore_eos", False),
             seed=_integer(body, "seed", None, 0, (1 << 63) - 1), n=_integer(body, "n", 1, 1, config.max_n))
     except (ValueError, TypeError) as exc:  # SamplingParams' own checks name the field first
         raise bad(str(exc), str(exc).split(" ")[0]) from exc
@@ -293,21 +297,39 @@ def _model(body: dict, config: ServerConfig) -> None:
                         "not_found_error", param="model", code="model_not_found")
 
 
-def parse_request(body: object, chat: bool, config: ServerConfig, vocab_size: int | None = None) -> ParsedRequest:
+def chat_prompt(messages: object, template: ChatTemplate | None) -> str:
+    """The prompt for chat ``messages``: the model's own chat template when its checkpoint has one,
+    else the course format (:func:`render_chat`). Every field is checked either way."""
+    course = render_chat(messages)
+    if template is None:
+        return course
+    turns = [{"role": m["role"], "content": _content(m.get("content"), f"messages[{i}].content")}
+             for i, m in enumerate(messages)]
+    try:
+        return template.apply(turns)
+    except ValueError as exc:
+        raise bad(f"messages cannot be rendered with the model's chat template: {exc}", "messages") from exc
+
+
+def parse_request(body: object, chat: bool, config: ServerConfig, vocab_size: int | None = None,
+                  chat_template: ChatTemplate | None = None) -> ParsedRequest:
     """Validate a completions (``chat`` False) or chat-completions body; raises a 4xx :class:`Rejection`.
 
-    ``vocab_size`` bounds the token ids a client may name (in ``prompt`` and ``logit_bias``).
+    ``vocab_size`` bounds the token ids a client may name (in ``prompt`` and ``logit_bias``);
+    ``chat_template`` is the served checkpoint's own template, if it has one.
     """
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     _model(body, config)
     _unsupported(body)
-    prompts = (render_chat(body.get("messages")),) if chat else parse_prompts(body.get("prompt"), vocab_size)
+    prompts = ((chat_prompt(body.get("messages"), chat_template),) if chat
+               else parse_prompts(body.get("prompt"), vocab_size))
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise bad("stream_options must be an object", "stream_options")
     given = body.get("max_completion_tokens" if chat and body.get("max_completion_tokens") is not None
                      else "max_tokens") is not None
-    return ParsedRequest(prompts, _sampling_params(body, chat, config, vocab_size), given,
+    course_chat = chat and chat_template is None
+    return ParsedRequest(prompts, _sampling_params(body, chat, config, vocab_size, course_chat), given,
                          _flag(body, "stream", False), _flag(stream_options, "include_usage", False),
                          _number(body, "deadline_s", config.request_timeout_s, 1e-3, config.request_timeout_s))
