@@ -169,7 +169,7 @@ def _illegal_batching_inputs() -> list[Callable[[], object]]:
 
 
 def check_batching() -> str:
-    """[D04] static vs continuous on the seed workload, the equal-length tie, arrivals, bad inputs."""
+    """[D04] static vs continuous on the A, B, C workload (1, 4 and 1 tokens, 2 slots), the equal-length tie, arrivals, bad inputs."""
     reqs = [Request("A", 0, 1), Request("B", 0, 4), Request("C", 0, 1)]
     static, _ = simulate_batching(reqs, 2, "static")
     cont, _ = simulate_batching(reqs, 2, "continuous")

@@ -246,7 +246,7 @@ def support(probs: FloatVector) -> list[int]:
 def top_k_filter(probs: FloatVector, k: int) -> np.ndarray:
     """Keep the ``k`` most probable tokens, ranked by ``(-p_i, token id)``, and renormalise.
 
-    Exactly ``min(k, |E|)`` tokens survive, where ``E`` is the current support. The seed text gives
+    Exactly ``min(k, |E|)`` tokens survive, where ``E`` is the current support. The course gives
     ``1 <= k <= |E|`` as the range in which top-k actually truncates; a larger ``k`` is accepted as a
     no-op rather than an error, because one request's ``top_k`` stays fixed while masks shrink ``E``
     from step to step. ``k`` must be an int >= 1 (``None`` for "disabled" is handled by
