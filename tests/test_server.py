@@ -931,3 +931,19 @@ def test_chat_uses_the_checkpoints_own_template_when_it_has_one():
     assert parse_request(body, True, ServerConfig(), None, None).params.stop == ("\n\n",)
     with pytest.raises(Exception, match=r"messages\[0\]\.content"):
         chat_prompt([{"role": "user", "content": 3}], template)
+
+
+def test_demo_coroutines_run_inside_a_running_event_loop():
+    import asyncio
+
+    from servelab.server.demo import run_to_completion
+
+    async def answer() -> int:
+        await asyncio.sleep(0)
+        return 42
+
+    async def from_inside_a_loop() -> int:  # as in a Jupyter cell, where asyncio.run would refuse
+        return run_to_completion(answer())
+
+    assert run_to_completion(answer()) == 42
+    assert asyncio.run(from_inside_a_loop()) == 42

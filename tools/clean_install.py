@@ -3,7 +3,7 @@
 1. Build a wheel of ``servelab`` from this checkout.
 2. Make a fresh virtual environment, install ``torch==2.13.0`` first (the CPU wheel; Colab brings its
    own torch), then the wheel with only the dependencies the package declares, then the notebook
-   runtime a Jupyter front end brings (``ipykernel``, ``nbclient``). None of the dev pins.
+   runtime a Jupyter front end brings (``ipykernel`` 6 as on Colab, ``nbclient``). None of the dev pins.
 3. Copy the notebooks into a temporary folder outside the checkout and run each one there with
    nbclient in the fresh environment (``--worker``), so an import that only works inside the
    checkout, a file read by a path relative to it, or a module the package does not declare shows up
@@ -30,7 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"
-RUNTIME = ("ipykernel", "nbclient")
+# The notebook runtime a Jupyter front end brings. Colab's kernel is ipykernel 6; ipykernel 7 can also
+# leave nbclient waiting forever for a reply under load.
+RUNTIME = ("ipykernel<7", "nbclient")
 CELL_TIMEOUT_S = 300
 
 

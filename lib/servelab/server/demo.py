@@ -15,6 +15,7 @@ System boundary: one host, loopback TCP. Times are seconds (the tables show mill
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import http.client
 import json
@@ -127,6 +128,17 @@ def _client_row(ttfts: list[float]) -> dict:
             "p90_ms": 1000 * percentile(ttfts, 90).value}
 
 
+def run_to_completion(coroutine):
+    """Run ``coroutine`` and return its result, also where an event loop is already running (a Jupyter
+    kernel runs cells inside one, so ``asyncio.run`` would refuse): then it runs in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 def ttft_at_two_boundaries(server: BackgroundServer, rate: float = 8.0, duration_s: float = 4.0, seed: int = 0,
                            prompt_words: int = 12, max_tokens: int = 16) -> list[dict]:
     """TTFT of the same requests seen from the client and from the server, in milliseconds.
@@ -145,7 +157,7 @@ def ttft_at_two_boundaries(server: BackgroundServer, rate: float = 8.0, duration
     specs = build_workload(poisson_arrivals(rate, duration_s, rng), LengthDistribution(prompt_words, 0.0, 1, 512),
                            LengthDistribution(max_tokens, 0.0, 1, 4096), seed)
     endpoint = Endpoint(server.url, server.config.model_name, ignore_eos=True)
-    run, snapshots = asyncio.run(run_with_metrics(run_open_loop(endpoint, specs), metrics_url(server.url)))
+    run, snapshots = run_to_completion(run_with_metrics(run_open_loop(endpoint, specs), metrics_url(server.url)))
     ok = [r for r in run.results if r.ok]
     if len(ok) != len(run.results):
         failed = next(r for r in run.results if not r.ok)
