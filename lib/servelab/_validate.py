@@ -15,9 +15,12 @@ Private to the library (the leading underscore): modules import it as
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Hashable, Iterable
 from numbers import Real
 
-__all__ = ["require_int", "require_real", "require_name"]
+__all__ = ["require_int", "require_index", "require_indices", "require_real", "require_name", "require_id",
+           "require_type"]
 
 
 def _int_range(minimum: int | None, maximum: int | None) -> str:
@@ -47,6 +50,31 @@ def require_int(name: str, value: object, minimum: int | None = None, maximum: i
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise ValueError(f"{wanted}, got {value}")
     return value
+
+
+def require_index(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Like :func:`require_int`, but also accepts integer-like values (``numpy.int64``: anything with
+    ``__index__``) and returns them as a plain ``int``; ``bool`` is still rejected."""
+    wanted = f"{name} must be an int{_int_range(minimum, maximum)}"
+    if isinstance(value, bool):
+        raise TypeError(f"{wanted}, got bool")
+    try:
+        as_int = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{wanted}, got {type(value).__name__}") from None
+    return require_int(name, as_int, minimum, maximum)
+
+
+def require_indices(name: str, values: object, minimum: int | None = 0, *, allow_empty: bool = True) -> tuple[int, ...]:
+    """A sequence of integer-like values (token ids, lengths) as a tuple of ``int``, each checked by
+    :func:`require_index` under the name ``{name}[i]``. Raises TypeError for a str, bytes or
+    non-iterable, ValueError for an empty sequence unless ``allow_empty``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
+    checked = tuple(require_index(f"{name}[{i}]", v, minimum) for i, v in enumerate(values))
+    if not checked and not allow_empty:
+        raise ValueError(f"{name} must hold at least one int, got an empty sequence")
+    return checked
 
 
 def _real_range(minimum: float | None, maximum: float | None, strict_min: bool, strict_max: bool) -> str:
@@ -100,4 +128,23 @@ def require_name(name: str, value: object) -> str:
         raise TypeError(f"{name} must be a non-empty str, got {type(value).__name__}")
     if not value:
         raise ValueError(f"{name} must be a non-empty str")
+    return value
+
+
+def require_id(name: str, value: object) -> Hashable:
+    """Check that ``value`` can key a dict and is not ``None`` (a request or sequence id). Returns it."""
+    if value is None or not isinstance(value, Hashable):
+        raise TypeError(f"{name} must be a hashable, non-None id, got {value!r}")
+    return value
+
+
+def require_type(name: str, value: object, kind: type | tuple[type, ...]) -> object:
+    """Check ``isinstance(value, kind)`` (``bool`` is not accepted where ``kind`` is ``int``). Returns it.
+
+    Raises TypeError: ``"{name} must be a {kind}, got {type}"``.
+    """
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds and int in kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise TypeError(f"{name} must be a {names}, got {type(value).__name__}")
     return value
