@@ -19,8 +19,13 @@ import operator
 from collections.abc import Hashable, Iterable
 from numbers import Real
 
-__all__ = ["require_int", "require_index", "require_indices", "require_real", "require_name", "require_id",
+__all__ = ["require_int", "require_index", "require_indices", "require_real", "require_interval", "require_name", "require_id",
            "require_type"]
+
+
+def _is_bool(value: object) -> bool:
+    """``bool`` or numpy's bool scalar (``numpy.bool_``), without importing numpy."""
+    return isinstance(value, bool) or type(value).__name__ in ("bool", "bool_")
 
 
 def _int_range(minimum: int | None, maximum: int | None) -> str:
@@ -56,7 +61,7 @@ def require_index(name: str, value: object, minimum: int | None = None, maximum:
     """Like :func:`require_int`, but also accepts integer-like values (``numpy.int64``: anything with
     ``__index__``) and returns them as a plain ``int``; ``bool`` is still rejected."""
     wanted = f"{name} must be an int{_int_range(minimum, maximum)}"
-    if isinstance(value, bool):
+    if _is_bool(value):
         raise TypeError(f"{wanted}, got bool")
     try:
         as_int = operator.index(value)
@@ -113,6 +118,27 @@ def require_real(name: str, value: object, minimum: float | None = None, maximum
             f"{name} must be finite{_real_range(minimum, maximum, strict_min, strict_max)}, got {value}"
         )
     return value
+
+
+def require_interval(name: str, value: object, low: float, high: float, *, low_open: bool = False,
+                     high_open: bool = False) -> float:
+    """``value`` as a ``float`` after checking it is a real number (numpy scalars included, ``bool`` not)
+    inside the interval from ``low`` to ``high`` (``low_open`` / ``high_open`` exclude an end; an
+    infinite end is allowed). NaN is rejected.
+
+    Raises:
+        TypeError: ``"{name} must be a real number in {interval}, got {type}"``.
+        ValueError: ``"{name} must be in {interval}, got {value!r}"``, e.g. ``"p must be in (0.0, 1.0], got 0"``.
+    """
+    interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    if _is_bool(value) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number in {interval}, got {type(value).__name__}")
+    number = float(value)
+    too_low = number <= low if low_open else number < low
+    too_high = number >= high if high_open else number > high
+    if math.isnan(number) or too_low or too_high:
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+    return number
 
 
 def require_name(name: str, value: object) -> str:
