@@ -60,6 +60,8 @@ def require_int(name: str, value: object, minimum: int | None = None, maximum: i
 def require_index(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
     """Like :func:`require_int`, but also accepts integer-like values (``numpy.int64``: anything with
     ``__index__``) and returns them as a plain ``int``; ``bool`` is still rejected."""
+    if type(value) is int and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
+        return value  # the common case, checked without building a message (allocator hot path)
     wanted = f"{name} must be an int{_int_range(minimum, maximum)}"
     if _is_bool(value):
         raise TypeError(f"{wanted}, got bool")
@@ -76,7 +78,9 @@ def require_indices(name: str, values: object, minimum: int | None = 0, *, allow
     non-iterable, ValueError for an empty sequence unless ``allow_empty``."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
-    checked = tuple(require_index(f"{name}[{i}]", v, minimum) for i, v in enumerate(values))
+    checked = tuple(values)
+    if not all(type(v) is int and (minimum is None or v >= minimum) for v in checked):  # else: name the bad one
+        checked = tuple(require_index(f"{name}[{i}]", v, minimum) for i, v in enumerate(checked))
     if not checked and not allow_empty:
         raise ValueError(f"{name} must hold at least one int, got an empty sequence")
     return checked
