@@ -16,7 +16,13 @@ from servelab.sampling import SamplingParams
 
 
 class RequestControls:
-    """Cancel / pause / resume and the ``stream`` / ``generate`` drivers of ``LLMEngine``."""
+    """Cancel / pause / resume and the ``stream`` / ``generate`` drivers of ``LLMEngine``.
+
+    They use the engine's ``add_request``, ``step``, ``clock``, ``_live`` (the request if it has not
+    ended), ``_end`` (the terminal path) and ``_pending`` (final outputs the next step returns).
+    """
+
+    _pending: list[RequestOutput]
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request; its final output (``finish_reason="cancelled"``) comes from the next step.
