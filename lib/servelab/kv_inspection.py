@@ -64,7 +64,8 @@ class BlockPoolInspection:
     @property
     def num_shared_blocks(self) -> int:
         """Blocks with refcount > 1: held by several block tables (a shared prefix or a fork)."""
-        return sum(1 for count in self._refcount if count > 1)
+        refcount = self._refcount  # scan the tables, not the pool: a step reads this, and tables are short
+        return len({b for seq in self._seqs.values() for b in seq.table if refcount[b] > 1})
 
     @property
     def num_cached_free_blocks(self) -> int:
