@@ -41,20 +41,14 @@ def prefix_block_key(parent_key: bytes | None, block_tokens: Sequence[int], name
         raise TypeError(f"parent_key must be bytes or None, got {type(parent_key).__name__}")
     require_type("namespace", namespace, str)
     tokens = require_indices("block_tokens", block_tokens, 0, allow_empty=False)
-    digest = hashlib.sha256()
-    digest.update(namespace.encode("utf-8"))
-    digest.update(b"\x00")
-    digest.update(parent_key if parent_key is not None else b"<root>")
-    digest.update(b"\x00")
-    digest.update(",".join(map(str, tokens)).encode("ascii"))
-    return digest.digest()
+    parent = parent_key if parent_key is not None else b"<root>"
+    payload = b"\x00".join((namespace.encode("utf-8"), parent, ",".join(map(str, tokens)).encode("ascii")))
+    return hashlib.sha256(payload).digest()
 
 
 class OutOfBlocks(RuntimeError):
-    """An allocation needs more blocks than the pool can give without breaking others' reservations.
-
-    Raised before anything changes: the allocator is exactly as it was before the call.
-    """
+    """An allocation needs more blocks than the pool can give without breaking others' reservations;
+    raised before anything changes."""
 
 
 class DoubleFreeError(RuntimeError):
@@ -63,11 +57,8 @@ class DoubleFreeError(RuntimeError):
 
 @dataclass(frozen=True)
 class BlockCopy:
-    """Copy-on-write instruction for the engine: copy every slot of physical block ``src`` into ``dst``.
-
-    The engine must perform the copy before it next writes KV or calls an allocating method, because
-    ``src`` may be a free cached block that a later allocation is allowed to reuse.
-    """
+    """Copy-on-write instruction: copy every slot of physical block ``src`` into ``dst``, before the next
+    KV write or allocating call (``src`` may be a free cached block that a later allocation reuses)."""
 
     src: int
     dst: int
@@ -75,12 +66,8 @@ class BlockCopy:
 
 @dataclass(frozen=True)
 class PromptAllocation:
-    """Result of ``BlockAllocator.allocate_prompt``.
-
-    ``num_cached_tokens`` prompt tokens already have valid KV in the sequence's blocks (prefix-cache
-    hit, full blocks only, at most ``len(prompt) - 1``); the engine computes the rest. ``copies`` must
-    be applied before that computation.
-    """
+    """Result of ``allocate_prompt``: ``num_cached_tokens`` prompt tokens already have KV (a prefix hit,
+    full blocks, at most ``len(prompt) - 1``); apply ``copies`` before computing the rest."""
 
     num_cached_tokens: int
     copies: tuple[BlockCopy, ...]
@@ -88,11 +75,9 @@ class PromptAllocation:
 
 @dataclass
 class _BlockTable:
-    """The allocator's record of one sequence: its block table and what keys its full blocks.
-
-    ``tokens`` is None when the token ids are unknown (restore without ids). ``full_keys[i]`` is the
-    chain key of full block ``i``; the first ``num_published`` of them have been offered to the cache.
-    """
+    """The allocator's record of one sequence: its block table and the keys of its full blocks.
+    ``tokens`` is None when the ids are unknown (restore without ids); ``full_keys[:num_published]``
+    have been offered to the prefix cache."""
 
     table: list[int]
     num_tokens: int
