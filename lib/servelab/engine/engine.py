@@ -17,12 +17,10 @@ each sample draws its first token from the same last-position logits with its ow
 and the first write into the shared partial tail is copied on write. A sample that finishes while
 siblings go on returns its blocks and slot at once; the request ends when the last sample does.
 
-:meth:`LLMEngine.pause` / :meth:`LLMEngine.resume` deschedule a request, the third kind of preemption
-next to recompute and swap: it skips the steps while keeping its KV blocks (compute freed, not memory).
-
-System boundary: timestamps are taken with the injected ``clock`` (seconds) at the engine API: arrival is
-``add_request``, an emit is the end of the step that hands a token to the caller. Network, HTTP and
-queueing in front of the engine are outside.
+Cancel, pause / resume (a third kind of preemption: compute freed, KV kept), ``stream`` and ``generate``
+live in :mod:`servelab.engine.control`. System boundary: timestamps come from the injected ``clock``
+(seconds) at the engine API: arrival is ``add_request``, an emit is the end of the step that hands a token
+to the caller; what is in front of the engine (network, HTTP, queueing) is outside.
 """
 
 from __future__ import annotations
