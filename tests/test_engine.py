@@ -227,8 +227,9 @@ def test_finish_reasons_usage_and_timing(model, tokenizer):
     assert_clean(engine, 3)
 
 
-def test_forward_failure_fails_and_reclaims_the_batch(model, tokenizer):
-    engine = LLMEngine(model, tokenizer, config(block_size=4, max_model_len=128))
+@pytest.mark.parametrize("policy", ["on-demand", "up-front"])  # the reservation policy: released either way
+def test_forward_failure_fails_and_reclaims_the_batch(model, tokenizer, policy):
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_model_len=128, reservation_policy=policy))
     ids = [engine.add_request(p, GREEDY) for p in make_prompts(9, 3)]
     engine.step()
     original = engine.runner.execute
@@ -241,8 +242,9 @@ def test_forward_failure_fails_and_reclaims_the_batch(model, tokenizer):
     assert_clean(engine, 3)
 
 
+@pytest.mark.parametrize("policy", ["on-demand", "up-front"])  # the reservation policy: up front never preempts
 @pytest.mark.parametrize("seed", range(6))
-def test_fuzzed_workload_leaves_nothing_behind(model, tokenizer, seed):
+def test_fuzzed_workload_leaves_nothing_behind(model, tokenizer, seed, policy):
     rng = random.Random(seed)
     now = [0.0]
     block_size = rng.choice([1, 2, 4])
@@ -250,7 +252,8 @@ def test_fuzzed_workload_leaves_nothing_behind(model, tokenizer, seed):
         block_size=block_size, num_blocks=64 // block_size + rng.choice([0, 8]), max_num_seqs=rng.choice([2, 4, 8]),
         max_num_batched_tokens=rng.choice([8, 32]), preemption_mode=rng.choice(["recompute", "swap"]),
         swap_space_bytes=rng.choice([0, 4096, 1 << 20]), enable_prefix_caching=rng.random() < 0.7,
-        policy=rng.choice(["fcfs", "priority", "sjf"]), max_model_len=64), clock=lambda: now[0])
+        policy=rng.choice(["fcfs", "priority", "sjf"]), max_model_len=64, reservation_policy=policy),
+        clock=lambda: now[0])
     issued, live = 0, []
     for step in range(120):
         now[0] += 0.01
@@ -267,6 +270,7 @@ def test_fuzzed_workload_leaves_nothing_behind(model, tokenizer, seed):
         engine.allocator.check_invariants()
     while engine.has_unfinished():
         engine.step()
+    assert policy == "on-demand" or not any(r.preempted or r.swapped_out for r in engine.trace)
     assert_clean(engine, issued)
 
 

@@ -20,14 +20,12 @@ uses; the engine performs the actual KV copies and closes the client stream.
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from numbers import Real
 
-from servelab._validate import require_int
+from servelab._validate import require_int, require_real
 from servelab.kv import BlockAllocator
 
 __all__ = [
@@ -249,15 +247,6 @@ class IllegalTransition(ValueError):
     """A transition the state machine does not allow; the message names both states."""
 
 
-def _check_time(at: object, name: str = "at") -> float:
-    if isinstance(at, bool) or not isinstance(at, Real):
-        raise TypeError(f"{name} must be a real number of seconds, got {type(at).__name__}")
-    at = float(at)
-    if not math.isfinite(at):
-        raise ValueError(f"{name} must be a finite number of seconds, got {at}")
-    return at
-
-
 def _check_state(state: object, name: str) -> RequestState:
     if not isinstance(state, RequestState):
         raise TypeError(f"{name} must be a RequestState, got {type(state).__name__}")
@@ -276,7 +265,7 @@ class RequestLifecycle:
         if request_id is None or not isinstance(request_id, Hashable):
             raise TypeError(f"request_id must be a hashable, non-None id, got {request_id!r}")
         self._request_id = request_id
-        self._history: list[tuple[RequestState, float]] = [(RequestState.ARRIVED, _check_time(at))]
+        self._history: list[tuple[RequestState, float]] = [(RequestState.ARRIVED, float(require_real("at", at)))]
         self._lock = threading.RLock()
 
     @property
@@ -306,7 +295,7 @@ class RequestLifecycle:
         is terminal (use ``reclaim``), and ValueError when ``at`` is earlier than the last entry.
         """
         to = _check_state(to, "to")
-        at = _check_time(at)
+        at = float(require_real("at", at))
         with self._lock:
             if STATE_TABLE[to].terminal and to in TRANSITIONS[self.state]:
                 raise IllegalTransition(
@@ -315,6 +304,24 @@ class RequestLifecycle:
                 )
             self._check_move(to, at)
             self._history.append((to, at))
+
+    def end(self, to: RequestState, at: float, cleanup: Callable[[RequestState], None]) -> bool:
+        """Enter the terminal state ``to`` at ``at`` after ``cleanup(from_state)`` has run, atomically.
+
+        The one way into a terminal state, used by ``reclaim``: under the lock it checks the move
+        (IllegalTransition / ValueError before anything runs), calls ``cleanup`` with the state being
+        left (it releases resources and writes the terminal record), then records ``to``. Returns False,
+        running nothing, when the request has already ended (a racing cancel and timeout).
+        """
+        to = _check_state(to, "to")
+        at = float(require_real("at", at))
+        with self._lock:
+            if self.is_terminal:
+                return False
+            self._check_move(to, at)
+            cleanup(self.state)
+            self._history.append((to, at))
+            return True
 
     def _check_move(self, to: RequestState, at: float) -> None:
         if to not in TRANSITIONS[self.state]:
@@ -487,7 +494,7 @@ def reclaim(
         raise ValueError(f"terminal_state must be one of {allowed}, got {terminal_state.name}")
     if not isinstance(ledger, Ledger):
         raise TypeError(f"ledger must be a Ledger, got {type(ledger).__name__}")
-    at = _check_time(at)
+    at = float(require_real("at", at))
     if not isinstance(reason, str):
         raise TypeError(f"reason must be a str, got {type(reason).__name__}")
     if allocator is not None and not isinstance(allocator, BlockAllocator):
@@ -503,13 +510,9 @@ def reclaim(
     elif not isinstance(usage, Usage):
         raise TypeError(f"usage must be a Usage or None, got {type(usage).__name__}")
 
-    with lifecycle._lock:
-        if lifecycle.is_terminal:
-            return False
-        lifecycle._check_move(terminal_state, at)
+    def release_and_record(from_state: RequestState) -> None:
         if ledger.has(lifecycle.request_id):
             raise ValueError(f"ledger already holds a terminal record for {lifecycle.request_id!r}")
-        from_state = lifecycle.state
         reserved = blocks = 0
         for seq_id in seq_ids:
             reserved += allocator.release_reservation(seq_id)
@@ -517,19 +520,9 @@ def reclaim(
         owners = (lifecycle.request_id, *seq_ids)  # a best-of-n engine may key them by sequence
         slot_count = sum(slots.release(o) for o in owners) if slots is not None else 0
         swap_count = sum(host_swap.release(o) for o in owners) if host_swap is not None else 0
-        lifecycle._history.append((terminal_state, at))
-        ledger.append(
-            TerminalRecord(
-                request_id=lifecycle.request_id,
-                state=terminal_state,
-                reason=reason,
-                at=at,
-                usage=usage,
-                from_state=from_state,
-                blocks_freed=blocks,
-                reservation_released=reserved,
-                slots_released=slot_count,
-                swap_released=swap_count,
-            )
-        )
-        return True
+        ledger.append(TerminalRecord(request_id=lifecycle.request_id, state=terminal_state, reason=reason, at=at,
+                                     usage=usage, from_state=from_state, blocks_freed=blocks,
+                                     reservation_released=reserved, slots_released=slot_count,
+                                     swap_released=swap_count))
+
+    return lifecycle.end(terminal_state, at, release_and_record)

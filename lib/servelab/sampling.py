@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servelab._validate import require_index, require_interval
+
 __all__ = [
     "FILTER_NAMES",
     "MASS_TOLERANCE",
@@ -90,28 +92,6 @@ def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-        value, (bool, np.bool_)
-    )
-
-
-def _check_real(value: object, name: str, low: float, high: float, *, low_open: bool = False,
-                high_open: bool = False) -> float:
-    """Return ``value`` as a float after checking it is a real number inside the stated interval."""
-    left = "(" if low_open else "["
-    right = ")" if high_open else "]"
-    interval = f"{left}{low}, {high}{right}"
-    if not _is_real(value):
-        raise TypeError(f"{name} must be a real number in {interval}, got {type(value).__name__}")
-    number = float(value)
-    too_low = number <= low if low_open else number < low
-    too_high = number >= high if high_open else number > high
-    if math.isnan(number) or too_low or too_high:
-        raise ValueError(f"{name} must be in {interval}, got {value!r}")
-    return number
-
-
 def _check_logits(logits: FloatVector, name: str = "logits") -> np.ndarray:
     """Copy ``logits`` into a float64 vector; reject NaN, +inf, empty and fully masked input."""
     try:
@@ -157,14 +137,6 @@ def _check_token_ids(ids: Iterable[int], vocab_size: int, name: str) -> list[int
             raise ValueError(f"{name} token id {token} is outside [0, {vocab_size - 1}]")
         checked.append(int(token))
     return checked
-
-
-def _check_count(value: object, name: str, minimum: int) -> int:
-    if not _is_int(value):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _renormalise(weights: np.ndarray) -> np.ndarray:
@@ -214,7 +186,7 @@ def apply_temperature(logits: FloatVector, temperature: float) -> np.ndarray:
     ``T = 0`` is rejected here on purpose: greedy decoding is a separate branch, never ``z / 0``.
     """
     z = _check_logits(logits)
-    t = _check_real(temperature, "temperature", 0.0, math.inf, low_open=True, high_open=True)
+    t = require_interval("temperature", temperature, 0.0, math.inf, low_open=True, high_open=True)
     return z / t
 
 
@@ -253,7 +225,7 @@ def top_k_filter(probs: FloatVector, k: int) -> np.ndarray:
     :class:`SamplingParams`, not here).
     """
     p = _check_probs(probs)
-    k = _check_count(k, "k", 1)
+    k = require_index("k", k, 1)
     return _keep(p, _ranked_by_prob(p)[:k])
 
 
@@ -264,7 +236,7 @@ def top_p_filter(probs: FloatVector, p: float) -> np.ndarray:
     ``(0, 1]``; ``p = 1`` keeps the whole support. Reaching is tested with :data:`MASS_TOLERANCE`.
     """
     probs_ = _check_probs(probs)
-    threshold = _check_real(p, "p", 0.0, 1.0, low_open=True)
+    threshold = require_interval("p", p, 0.0, 1.0, low_open=True)
     ranked = _ranked_by_prob(probs_)
     if threshold == 1.0:
         return _keep(probs_, ranked)
@@ -277,7 +249,7 @@ def min_p_filter(probs: FloatVector, alpha: float) -> np.ndarray:
     The most probable token always survives; ``alpha = 0`` keeps the whole support.
     """
     p = _check_probs(probs)
-    a = _check_real(alpha, "alpha", 0.0, 1.0)
+    a = require_interval("alpha", alpha, 0.0, 1.0)
     kept = np.flatnonzero((p > 0) & (p >= a * p.max()))
     return _keep(p, kept)
 
@@ -290,8 +262,8 @@ def min_p_support_from_logits(logits: FloatVector, temperature: float, alpha: fl
     every unmasked token).
     """
     z = _check_logits(logits)
-    t = _check_real(temperature, "temperature", 0.0, math.inf, low_open=True, high_open=True)
-    a = _check_real(alpha, "alpha", 0.0, 1.0)
+    t = require_interval("temperature", temperature, 0.0, math.inf, low_open=True, high_open=True)
+    a = require_interval("alpha", alpha, 0.0, 1.0)
     finite = np.isfinite(z)
     if a == 0.0:
         return [int(i) for i in np.flatnonzero(finite)]
@@ -308,7 +280,7 @@ def typical_filter(probs: FloatVector, mass: float) -> np.ndarray:
     the whole support. Ties in the distance are broken by the smaller token id.
     """
     p = _check_probs(probs)
-    threshold = _check_real(mass, "mass", 0.0, 1.0, low_open=True)
+    threshold = require_interval("mass", mass, 0.0, 1.0, low_open=True)
     eligible = np.flatnonzero(p > 0)
     if threshold == 1.0:
         return _keep(p, eligible)
@@ -325,7 +297,7 @@ def typical_filter(probs: FloatVector, mass: float) -> np.ndarray:
 
 def token_counts(token_ids: Iterable[int], vocab_size: int) -> np.ndarray:
     """How many times each vocabulary entry occurs in ``token_ids``: an int64 vector of ``vocab_size``."""
-    size = _check_count(vocab_size, "vocab_size", 1)
+    size = require_index("vocab_size", vocab_size, 1)
     ids = _check_token_ids(token_ids, size, "token_ids")
     return np.bincount(np.asarray(ids, dtype=np.int64), minlength=size)
 
@@ -346,8 +318,8 @@ def apply_frequency_presence(logits: FloatVector, counts: FloatVector, frequency
         raise ValueError(f"counts must have one entry per token, shape {z.shape}, got {c.shape}")
     if not np.isfinite(c).all() or (c < 0).any():
         raise ValueError("counts entries must be finite and >= 0")
-    f = _check_real(frequency, "frequency", -math.inf, math.inf, low_open=True, high_open=True)
-    pr = _check_real(presence, "presence", -math.inf, math.inf, low_open=True, high_open=True)
+    f = require_interval("frequency", frequency, -math.inf, math.inf, low_open=True, high_open=True)
+    pr = require_interval("presence", presence, -math.inf, math.inf, low_open=True, high_open=True)
     return z - f * c - pr * (c > 0)
 
 
@@ -360,7 +332,7 @@ def apply_repetition_penalty(logits: FloatVector, seen_ids: Iterable[int], penal
     repetition. Each seen token is penalised once, however often it occurred.
     """
     z = _check_logits(logits)
-    r = _check_real(penalty, "penalty", 0.0, math.inf, low_open=True, high_open=True)
+    r = require_interval("penalty", penalty, 0.0, math.inf, low_open=True, high_open=True)
     seen = np.unique(np.asarray(_check_token_ids(seen_ids, z.size, "seen_ids"), dtype=np.int64))
     picked = z[seen]
     z[seen] = np.where(picked > 0, picked / r, picked * r)
@@ -382,7 +354,7 @@ def apply_logit_bias(logits: FloatVector, bias: Mapping[int, float] | Iterable[t
             raise TypeError("bias entries must be (token_id, offset) pairs")
         (token,) = _check_token_ids([pair[0]], z.size, "bias")
         offset = pair[1]
-        z[token] += _check_real(offset, f"bias[{token}]", -math.inf, math.inf, low_open=True,
+        z[token] += require_interval(f"bias[{token}]", offset, -math.inf, math.inf, low_open=True,
                                 high_open=True)
     return z
 
@@ -439,7 +411,7 @@ def no_repeat_ngram_mask(logits: FloatVector, generated_ids: Sequence[int], n: i
     token that followed it is masked. ``n`` is an int >= 1 (``n = 1`` bans every token seen so far).
     """
     z = _check_logits(logits)
-    size = _check_count(n, "n", 1)
+    size = require_index("n", n, 1)
     history = _check_token_ids(generated_ids, z.size, "generated_ids")
     if len(history) < size - 1:
         return z
@@ -529,21 +501,20 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
-        self._set("temperature", _check_real(self.temperature, "temperature", 0.0, math.inf,
+        self._set("temperature", require_interval("temperature", self.temperature, 0.0, math.inf,
                                              high_open=True))
         if self.top_k is not None:
-            self._set("top_k", _check_count(self.top_k, "top_k", 1))
-        self._set("top_p", _check_real(self.top_p, "top_p", 0.0, 1.0, low_open=True))
-        self._set("min_p", _check_real(self.min_p, "min_p", 0.0, 1.0))
-        self._set("typical_p", _check_real(self.typical_p, "typical_p", 0.0, 1.0, low_open=True))
+            self._set("top_k", require_index("top_k", self.top_k, 1))
+        self._set("top_p", require_interval("top_p", self.top_p, 0.0, 1.0, low_open=True))
+        self._set("min_p", require_interval("min_p", self.min_p, 0.0, 1.0))
+        self._set("typical_p", require_interval("typical_p", self.typical_p, 0.0, 1.0, low_open=True))
         for name in ("frequency_penalty", "presence_penalty"):
-            self._set(name, _check_real(getattr(self, name), name, -2.0, 2.0))
-        self._set("repetition_penalty", _check_real(self.repetition_penalty, "repetition_penalty",
+            self._set(name, require_interval(name, getattr(self, name), -2.0, 2.0))
+        self._set("repetition_penalty", require_interval("repetition_penalty", self.repetition_penalty,
                                                     0.0, math.inf, low_open=True, high_open=True))
         self._set("logit_bias", self._normalise_logit_bias(self.logit_bias))
         self._set("banned_sequences", self._normalise_banned(self.banned_sequences))
-        self._set("no_repeat_ngram_size", _check_count(self.no_repeat_ngram_size,
-                                                       "no_repeat_ngram_size", 0))
+        self._set("no_repeat_ngram_size", require_index("no_repeat_ngram_size", self.no_repeat_ngram_size, 0))
         if self.allowed_token_ids is not None:
             allowed = _as_int_tuple(self.allowed_token_ids, "allowed_token_ids")
             if not allowed:
@@ -551,14 +522,14 @@ class SamplingParams:
             self._set("allowed_token_ids", allowed)
         self._set("filter_order", self._normalise_filter_order(self.filter_order))
         self._check_filters_listed()
-        self._set("max_tokens", _check_count(self.max_tokens, "max_tokens", 1))
+        self._set("max_tokens", require_index("max_tokens", self.max_tokens, 1))
         self._set("stop", self._normalise_stop(self.stop))
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
         self._set("ignore_eos", bool(self.ignore_eos))
         if self.seed is not None:
-            self._set("seed", _check_count(self.seed, "seed", 0))
-        self._set("n", _check_count(self.n, "n", 1))
+            self._set("seed", require_index("seed", self.seed, 0))
+        self._set("n", require_index("n", self.n, 1))
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # the dataclass is frozen; normalise once, here
@@ -575,7 +546,7 @@ class SamplingParams:
             (token,) = _as_int_tuple([pair[0]], "logit_bias")
             if token in normalised:
                 raise ValueError(f"logit_bias names token {token} twice")
-            normalised[token] = _check_real(pair[1], f"logit_bias[{token}]", -math.inf, math.inf,
+            normalised[token] = require_interval(f"logit_bias[{token}]", pair[1], -math.inf, math.inf,
                                             low_open=True, high_open=True)
         return tuple(sorted(normalised.items()))
 
@@ -747,11 +718,11 @@ def beam_search(step_logprobs: Callable[[list[tuple[int, ...]]], np.ndarray], pr
     if not callable(step_logprobs):
         raise TypeError("step_logprobs must be callable: sequences -> 2-D array of log-probs")
     prompt = _as_int_tuple(prompt_ids, "prompt_ids")
-    width = _check_count(beam_width, "beam_width", 1)
-    steps = _check_count(max_new_tokens, "max_new_tokens", 1)
+    width = require_index("beam_width", beam_width, 1)
+    steps = require_index("max_new_tokens", max_new_tokens, 1)
     if eos_id is not None:
         (eos_id,) = _as_int_tuple([eos_id], "eos_id")
-    alpha = _check_real(length_alpha, "length_alpha", 0.0, math.inf, high_open=True)
+    alpha = require_interval("length_alpha", length_alpha, 0.0, math.inf, high_open=True)
 
     live: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
     finished: list[tuple[tuple[int, ...], float, bool]] = []
@@ -791,9 +762,9 @@ def best_of_n_kv_tokens(prompt_tokens: int, generated_tokens: int, n: int,
     sample holds its own copy, ``M = n * (M_prompt + M_gen)``. Multiply by bytes per token (see
     ``servelab.kv``) for bytes. Block rounding is ignored here.
     """
-    prompt = _check_count(prompt_tokens, "prompt_tokens", 0)
-    generated = _check_count(generated_tokens, "generated_tokens", 0)
-    samples = _check_count(n, "n", 1)
+    prompt = require_index("prompt_tokens", prompt_tokens, 0)
+    generated = require_index("generated_tokens", generated_tokens, 0)
+    samples = require_index("n", n, 1)
     if not isinstance(shared_prefix, bool):
         raise TypeError(f"shared_prefix must be a bool, got {type(shared_prefix).__name__}")
     return prompt + samples * generated if shared_prefix else samples * (prompt + generated)

@@ -4,16 +4,21 @@ preemption (recompute or swap), a batched sampler, streaming and a per-iteration
 Module map (one concept each, in the order a request meets them):
 
 * :mod:`~servelab.engine.config` -- :class:`EngineConfig`, every knob;
-* :mod:`~servelab.engine.sequence` -- one request's tokens, KV progress and timestamps; incremental
-  detokenisation;
+* :mod:`~servelab.engine.validation` -- every check ``add_request`` makes;
+* :mod:`~servelab.engine.request` -- the engine's request record; :mod:`~servelab.engine.sequence` -- the
+  scheduler's (tokens, KV progress, timestamps) and the incremental detokeniser;
 * :mod:`~servelab.engine.policy` -- queue order and preemption victims (FCFS, priority, SJF);
-* :mod:`~servelab.engine.scheduler` -- one tick: admission with KV reservation, token budget, preemption;
+* :mod:`~servelab.engine.reservation` -- the admission rule: on-demand or up-front KV reservation;
+* :mod:`~servelab.engine.scheduler` -- one tick: admission, token budget, preemption;
 * :mod:`~servelab.engine.attention` -- the paged KV pool and the paged attention backend;
-* :mod:`~servelab.engine.model_runner` -- one forward pass over a mixed batch; swap space;
+* :mod:`~servelab.engine.model_runner` -- one forward pass over a named ``ForwardInput``; swap space;
 * :mod:`~servelab.engine.sampler` -- the batched torch sampler;
-* :mod:`~servelab.engine.engine` -- :class:`LLMEngine`, the API;
+* :mod:`~servelab.engine.outputs` -- output processing: text, stop strings, emitted ids, outputs;
+* :mod:`~servelab.engine.engine` -- :class:`LLMEngine`: ``step`` as schedule -> prepare inputs -> forward
+  -> sample -> process outputs; :mod:`~servelab.engine.control` -- cancel, pause, resume, stream, generate;
 * :mod:`~servelab.engine.reference` -- the plain full-recompute loop the tests compare against;
-* :mod:`~servelab.engine.trace` -- per-step records; :mod:`~servelab.engine.bench` -- the benchmark.
+* :mod:`~servelab.engine.trace` -- per-step records; :mod:`~servelab.engine.bench` -- the benchmark;
+  :mod:`~servelab.engine.admission_study` -- both admission rules measured on one workload.
 """
 
 from servelab.engine.config import EngineConfig

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servelab._validate import require_int, require_type
 from servelab.engine.policy import POLICIES
+from servelab.engine.reservation import RESERVATION_POLICIES
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -33,6 +35,10 @@ class EngineConfig:
         policy: queue order and victim choice, a name in ``servelab.engine.policy.POLICIES``: ``"fcfs"``
             (arrival), ``"priority"`` (lower value first, then arrival) or ``"sjf"`` (fewest tokens left
             under ``max_tokens`` first).
+        reservation_policy: the admission rule, a name in
+            ``servelab.engine.reservation.RESERVATION_POLICIES``: ``"on-demand"`` (reserve the uncached
+            prompt blocks, grow block by block, preempt under pressure) or ``"up-front"`` (reserve
+            prompt + ``max_tokens`` blocks at admission, never preempt).
         max_model_len: context limit in tokens (prompt + output); ``None`` uses the model's
             ``max_position_embeddings``.
         device: torch device string; ``None`` follows :func:`servelab.device.pick_device` (the
@@ -52,6 +58,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     swap_space_bytes: int = 256 * 2**20
     policy: str = "fcfs"
+    reservation_policy: str = "on-demand"
     max_model_len: int | None = None
     device: str | None = None
     dtype: str | None = None
@@ -59,28 +66,23 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"):
-            _require_positive_int(name, getattr(self, name))
+            require_int(name, getattr(self, name), 1)
         for name in ("num_blocks", "max_model_len"):
             if getattr(self, name) is not None:
-                _require_positive_int(name, getattr(self, name))
-        if isinstance(self.swap_space_bytes, bool) or not isinstance(self.swap_space_bytes, int) \
-                or self.swap_space_bytes < 0:
-            raise ValueError(f"swap_space_bytes must be a non-negative integer, got {self.swap_space_bytes!r}")
+                require_int(name, getattr(self, name), 1)
+        require_int("swap_space_bytes", self.swap_space_bytes, 0)
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            require_type(name, getattr(self, name), bool)
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {tuple(POLICIES)}, got {self.policy!r}")
+        if self.reservation_policy not in RESERVATION_POLICIES:
+            raise ValueError(f"reservation_policy must be one of {RESERVATION_POLICIES}, "
+                             f"got {self.reservation_policy!r}")
         if self.device is not None and not isinstance(self.device, str):
             raise TypeError(f"device must be a str such as 'cpu' or 'cuda' or None, got {self.device!r}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
-        if not isinstance(self.seed, int):
-            raise TypeError(f"seed must be an int, got {self.seed!r}")
+        require_int("seed", self.seed)
 
-
-def _require_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")

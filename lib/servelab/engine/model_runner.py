@@ -12,13 +12,56 @@ and back) because those move bytes of the pool it owns.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
 import torch
 
 from servelab.engine.attention import KVCache, PagedAttention, build_metadata
 from servelab.device import pick_device
 from servelab.engine.config import EngineConfig
+from servelab.engine.scheduler import ScheduledChunk
+from servelab.engine.sequence import Sequence
 from servelab.lifecycle import SlotPool
 from servelab.model.llama import LlamaForCausalLM
+
+
+class ChunkSpan(NamedTuple):
+    """Where one scheduled chunk sits in the pool: ``num_tokens`` tokens from position ``start``, whose
+    K/V go into (and whose history is read from) the physical blocks of ``block_table``."""
+
+    start: int
+    num_tokens: int
+    block_table: list[int]
+
+
+@dataclass
+class ForwardInput:
+    """One forward pass's batch, flattened: every chunk's tokens one after another.
+
+    ``token_ids[i]`` sits at absolute position ``positions[i]``; ``spans`` say which block table each
+    chunk's tokens use (attention metadata); ``sample_indices`` are the flat indices of the last token
+    of each chunk whose logits are sampled, in chunk order.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    spans: list[ChunkSpan] = field(default_factory=list)
+    sample_indices: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_chunks(cls, chunks: Iterable[tuple[ScheduledChunk, Sequence, list[int]]]) -> "ForwardInput":
+        """Flatten ``(chunk, its sequence, its block table)`` triples in batch order."""
+        batch = cls()
+        for chunk, seq, table in chunks:
+            end = chunk.start + chunk.num_tokens
+            batch.token_ids += seq.tokens_between(chunk.start, end)
+            batch.positions += range(chunk.start, end)
+            batch.spans.append(ChunkSpan(chunk.start, chunk.num_tokens, table))
+            if chunk.sample:
+                batch.sample_indices.append(len(batch.token_ids) - 1)
+        return batch
 
 
 def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
@@ -79,28 +122,17 @@ class ModelRunner:
         self.host_swap = HostSwapSpace(swap_blocks) if swap_blocks else None
 
     @torch.inference_mode()
-    def execute(self, rows: list[tuple[list[int], int, list[int], bool]]) -> torch.Tensor:
-        """One forward pass. Each row is ``(token_ids, start_position, block_table, sample)``.
-
-        Returns float32 logits ``[number of rows with sample=True, vocab]``, in row order.
-        """
-        ids: list[int] = []
-        positions: list[int] = []
-        last_index: list[int] = []  # flat index of each sampled row's last token
-        for tokens, start, _, sample in rows:
-            ids += tokens
-            positions += range(start, start + len(tokens))
-            if sample:
-                last_index.append(len(ids) - 1)
-        meta_rows = [(start, len(tokens), table) for tokens, start, table, _ in rows]
-        self.backend.metadata = build_metadata(meta_rows, self.block_size, self.device, self.dtype)
+    def execute(self, batch: ForwardInput) -> torch.Tensor:
+        """One forward pass over ``batch``. Returns float32 logits ``[len(batch.sample_indices), vocab]``,
+        one row per sampled chunk, in chunk order."""
+        self.backend.metadata = build_metadata(batch.spans, self.block_size, self.device, self.dtype)
         try:
-            hidden = self.model.hidden_states(torch.tensor(ids, device=self.device),
-                                              torch.tensor(positions, device=self.device), self.backend)
+            hidden = self.model.hidden_states(torch.tensor(batch.token_ids, device=self.device),
+                                              torch.tensor(batch.positions, device=self.device), self.backend)
         finally:
             self.backend.metadata = None
-        if len(last_index) < len(ids):  # a pure decode batch samples every token: nothing to pick
-            hidden = hidden[torch.tensor(last_index, device=self.device, dtype=torch.long)]
+        if len(batch.sample_indices) < len(batch.token_ids):  # a pure decode batch samples every token
+            hidden = hidden[torch.tensor(batch.sample_indices, device=self.device, dtype=torch.long)]
         return self.model.lm_head(hidden).float()
 
     # ------------------------------------------------------------------------------- KVMover

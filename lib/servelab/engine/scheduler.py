@@ -6,9 +6,11 @@ A tick decides what the next forward pass computes, under three limits at once:
   takes ``n`` from admission, since its prompt forks into ``n`` sequences: :meth:`Scheduler.fork`);
 * ``max_num_batched_tokens``, the per-iteration token budget shared by decode tokens (1 per running
   sequence) and prefill chunks (chunked prefill cuts a long prompt into budget-sized pieces);
-* the KV block pool (``servelab.kv.BlockAllocator``): admission looks up the cached prefix, reserves the
-  blocks of the miss range and allocates the prompt; a decode step that needs a new block and finds none
-  preempts the lowest-ranked running sequence (recompute: drop its KV; swap: copy it to host memory).
+* the KV block pool (``servelab.kv.BlockAllocator``): admission reserves what the configured
+  ``ReservationPolicy`` promises (``servelab.engine.reservation``: the uncached prompt blocks on demand,
+  plus ``max_tokens`` of output up front) and allocates the prompt; a decode step that needs a new block
+  and finds none preempts the lowest-ranked running sequence (recompute: drop its KV; swap: copy it to
+  host memory), which under the up-front promise never happens.
 
 Order of a tick: swap-ins (in policy order) -> running sequences in policy order (each gets its decode
 token or next prefill chunk; those the token budget cannot reach are *descheduled* for the tick: they
@@ -33,6 +35,7 @@ from typing import Protocol
 
 from servelab.engine.config import EngineConfig
 from servelab.engine.policy import POLICIES
+from servelab.engine.reservation import ReservationPolicy
 from servelab.engine.sequence import Sequence, SeqStatus
 from servelab.kv import BlockAllocator, BlockCopy, OutOfBlocks
 from servelab.lifecycle import SlotPool
@@ -92,8 +95,10 @@ class SchedulerOutput:
 class Scheduler:
     """Continuous batching over the waiting, running and swapped queues."""
 
-    def __init__(self, config: EngineConfig, allocator: BlockAllocator, mover: KVMover, slots: SlotPool) -> None:
+    def __init__(self, config: EngineConfig, allocator: BlockAllocator, mover: KVMover, slots: SlotPool,
+                 max_model_len: int | None = None) -> None:
         self.config = config
+        self.reservation = ReservationPolicy(config.reservation_policy, config.block_size, max_model_len)
         self.allocator = allocator
         self.mover = mover
         self.slots = slots  # batch slots: one per sequence holding device KV (max_num_seqs)
@@ -150,6 +155,7 @@ class Scheduler:
             child.paused = parent.paused
             child.status = SeqStatus.RUNNING
             self.running.append(child)
+        self.reservation.split_at_fork(self.allocator, parent, children)
         parent.samples_to_fork = 0
 
     def commit(self, chunk: ScheduledChunk, seq: Sequence) -> None:
@@ -190,7 +196,7 @@ class Scheduler:
         have = self.allocator.num_tokens(seq.seq_id)
         if have >= upto:
             return True
-        new_ids = seq.token_ids[have:upto]
+        new_ids = seq.tokens_between(have, upto)
         while True:
             try:
                 copies = self.allocator.append_tokens(seq.seq_id, new_ids)
@@ -272,12 +278,11 @@ class Scheduler:
         if (not self.config.enable_chunked_prefill
                 and len(tokens) - self.allocator.lookup_prefix(tokens, seq.namespace) > budget):
             return False
-        need = self.allocator.num_blocks_to_allocate(tokens, seq.namespace)
-        if not self.allocator.reserve(seq.seq_id, need):
+        if not self.reservation.admit(self.allocator, seq):  # phase 1: the blocks it is promised
             return False
         allocation = self.allocator.allocate_prompt(seq.seq_id, tokens, seq.namespace)  # fits the reservation
-        self.allocator.release_reservation(seq.seq_id)
         self._execute_copies(allocation.copies, out)
+        self.reservation.keep_output_promise(self.allocator, seq)  # phase 2: only the output's promise stays
         cached = allocation.num_cached_tokens
         count = min(len(tokens) - cached, budget)
         self.waiting.remove(seq)

@@ -67,6 +67,15 @@ class Sequence:
         """Prompt ids followed by the generated ids."""
         return self.prompt_ids + self.output_ids
 
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """``token_ids[start:end]`` without building the whole list (a decode step reads one token)."""
+        split = len(self.prompt_ids)
+        if start >= split:
+            return self.output_ids[start - split:end - split]
+        if end <= split:
+            return self.prompt_ids[start:end]
+        return self.prompt_ids[start:] + self.output_ids[:end - split]
+
     @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens."""

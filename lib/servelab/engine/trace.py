@@ -7,6 +7,11 @@ engine's clock, counts in tokens or blocks as named). It never influences schedu
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servelab.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+    from servelab.kv import BlockAllocator
 
 
 @dataclass
@@ -62,6 +67,27 @@ class StepRecord:
     def num_batched_tokens(self) -> int:
         """Tokens in this step's forward pass."""
         return sum(self.prefill_tokens.values()) + sum(self.decode_tokens.values())
+
+    def add_chunk(self, chunk: "ScheduledChunk", prompt_len: int) -> None:
+        """Count one scheduled chunk as decode (the newest generated token) or prefill (anything that
+        (re)fills the cache), with the positions it computes."""
+        decode = chunk.sample and chunk.num_tokens == 1 and chunk.start >= prompt_len
+        counts = self.decode_tokens if decode else self.prefill_tokens
+        counts[chunk.seq_id] = chunk.num_tokens
+        self.positions[chunk.seq_id] = (chunk.start, chunk.start + chunk.num_tokens)
+
+    def close(self, sched: "SchedulerOutput", allocator: "BlockAllocator", scheduler: "Scheduler",
+              finished: dict[str, str], end: float) -> None:
+        """Copy the tick's decisions, the pool's and queues' state after the step, and the end time."""
+        self.admitted, self.preempted = list(sched.admitted), list(sched.preempted)
+        self.swapped_out, self.swapped_in = list(sched.swapped_out), list(sched.swapped_in)
+        self.descheduled, self.paused = list(sched.descheduled), list(sched.paused)
+        self.finished = finished
+        self.blocks_used, self.blocks_free = allocator.num_used_blocks, allocator.num_free_blocks
+        self.blocks_shared, self.blocks_cached = allocator.num_shared_blocks, allocator.num_cached_free_blocks
+        self.num_waiting, self.num_running = len(scheduler.waiting), len(scheduler.running)
+        self.num_swapped = len(scheduler.swapped)
+        self.end = end
 
     def to_dict(self) -> dict:
         """Plain dict (JSON-ready) with the derived ``duration`` and ``num_batched_tokens`` added."""

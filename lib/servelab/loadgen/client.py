@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
 
+from servelab._validate import require_real
 from servelab.loadgen.workload import RequestSpec
 from servelab.metrics import RequestTiming
 
@@ -247,12 +247,6 @@ def _check_specs(specs: Sequence[RequestSpec]) -> list[RequestSpec]:
     return specs
 
 
-def _check_limit(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
 def _offered_rate(specs: list[RequestSpec]) -> float | None:
     planned = [s.planned_s for s in specs if s.planned_s is not None]
     if len(planned) < 2 or planned[-1] <= planned[0]:
@@ -273,7 +267,7 @@ async def run_open_loop(endpoint: Endpoint, specs: Sequence[RequestSpec], max_in
         raise ValueError("an open loop needs a planned instant for every request (planned_s)")
     if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
         raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
-    limit = _check_limit("time_limit_s", time_limit_s)
+    limit = float(require_real("time_limit_s", time_limit_s, 0, strict_min=True))
     slots = asyncio.Semaphore(max_in_flight)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_in_flight)) as session:
         t0 = time.perf_counter()
@@ -307,7 +301,7 @@ async def run_closed_loop(endpoint: Endpoint, specs: Sequence[RequestSpec], conc
     specs = _check_specs(specs)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
-    limit = _check_limit("time_limit_s", time_limit_s)
+    limit = float(require_real("time_limit_s", time_limit_s, 0, strict_min=True))
     queue = list(reversed(specs))
     results: list[RequestResult] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from numbers import Real
 
 import numpy as np
+
+from servelab._validate import require_int, require_real
 
 __all__ = ["LengthDistribution", "RequestSpec", "poisson_arrivals", "paced_arrivals", "make_prompt",
            "build_workload"]
@@ -32,20 +33,6 @@ _WORDS = (
     "heart upon make like speak yet such death come blood sweet fair honour grace crown sword brother "
     "father mother daughter queen duke noble gentle time world eyes hand life soul heaven fortune"
 ).split()
-
-
-def _check_real(name: str, value: object, *, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -62,16 +49,16 @@ class LengthDistribution:
     high: int = 4096
 
     def __post_init__(self) -> None:
-        _check_real("median", self.median)
-        _check_real("sigma", self.sigma, positive=False)
-        _check_int("low", self.low, 1)
-        _check_int("high", self.high, self.low)
+        require_real("median", self.median, 0, strict_min=True)
+        require_real("sigma", self.sigma, 0)
+        require_int("low", self.low, 1)
+        require_int("high", self.high, self.low)
         if not self.low <= self.median <= self.high:
             raise ValueError(f"median must lie in [low, high] = [{self.low}, {self.high}], got {self.median}")
 
     def sample(self, count: int, rng: np.random.Generator) -> list[int]:
         """``count`` lengths drawn with ``rng``."""
-        _check_int("count", count, 0)
+        require_int("count", count, 0)
         draws = rng.lognormal(mean=math.log(self.median), sigma=self.sigma, size=count)
         return [int(x) for x in np.clip(np.rint(draws), self.low, self.high)]
 
@@ -96,8 +83,8 @@ def poisson_arrivals(rate: float, duration_s: float, rng: np.random.Generator) -
 
     Gaps are exponential with mean 1/rate, so bursts and lulls occur as in independent user traffic.
     """
-    rate = _check_real("rate", rate)
-    duration_s = _check_real("duration_s", duration_s)
+    rate = require_real("rate", rate, 0, strict_min=True)
+    duration_s = require_real("duration_s", duration_s, 0, strict_min=True)
     offsets: list[float] = []
     t = rng.exponential(1.0 / rate)
     while t < duration_s:
@@ -108,14 +95,14 @@ def poisson_arrivals(rate: float, duration_s: float, rng: np.random.Generator) -
 
 def paced_arrivals(rate: float, count: int) -> list[float]:
     """``count`` evenly spaced offsets at ``rate`` requests/s (the schedule a paced closed loop keeps)."""
-    rate = _check_real("rate", rate)
-    _check_int("count", count, 0)
+    rate = require_real("rate", rate, 0, strict_min=True)
+    require_int("count", count, 0)
     return [i / rate for i in range(count)]
 
 
 def make_prompt(num_words: int, rng: np.random.Generator) -> str:
     """A prompt of ``num_words`` words drawn with ``rng`` from a fixed Shakespearean word list."""
-    _check_int("num_words", num_words, 1)
+    require_int("num_words", num_words, 1)
     return " ".join(_WORDS[i] for i in rng.integers(0, len(_WORDS), size=num_words))
 
 
@@ -129,13 +116,13 @@ def build_workload(arrivals: Sequence[float | None], prompt_words: LengthDistrib
     """
     if not isinstance(prompt_words, LengthDistribution) or not isinstance(output_tokens, LengthDistribution):
         raise TypeError("prompt_words and output_tokens must be LengthDistribution")
-    _check_int("seed", seed, 0)
+    require_int("seed", seed, 0)
     arrivals = list(arrivals)
     planned = [a for a in arrivals if a is not None]
     if planned and len(planned) != len(arrivals):
         raise ValueError("arrivals must be all offsets or all None, not a mix")
     for a in planned:
-        _check_real("arrivals[i]", a, positive=False)
+        require_real("arrivals[i]", a, 0)
     if any(b < a for a, b in zip(planned, planned[1:])):
         raise ValueError("arrivals must be non-decreasing")
     rng = np.random.default_rng(seed)
