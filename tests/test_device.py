@@ -90,3 +90,13 @@ def test_model_takes_ids_built_on_the_cpu_wherever_it_lives():
     ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
     logits = model(ids, positions=torch.arange(3).expand(2, 3))
     assert logits.device.type == "meta" and logits.shape == (2, 3, 300)
+
+
+def test_engine_config_takes_what_pick_device_returns_as_plain_names():
+    from servelab.engine.config import EngineConfig
+
+    device, dtype = pick_device("cpu", "bfloat16")  # what a notebook's set-up cell holds in DEVICE, DTYPE
+    config = EngineConfig(device=device, dtype=dtype)
+    assert (config.device, config.dtype) == ("cpu", "bfloat16")
+    with pytest.raises(TypeError, match="device must be a str"):
+        EngineConfig(device=3)

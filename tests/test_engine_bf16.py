@@ -14,6 +14,7 @@ import torch
 
 from servelab.engine import EngineConfig, LLMEngine, reference_generate
 from servelab.engine.sampler import SamplingRow, sample_tokens
+from servelab.engine.model_runner import ChunkSpan, ForwardInput
 from servelab.model import LlamaConfig, LlamaForCausalLM, train_tokenizer
 from servelab.model.llama import DenseCausalAttention
 from servelab.sampling import SamplingParams
@@ -71,15 +72,21 @@ def test_bf16_engine_greedy_matches_bf16_full_recompute(fp32_model, tokenizer, e
         assert list(out.token_ids) == reference_generate(model, prompt, 8)
 
 
+def one_chunk(tokens: list[int], start: int, table: list[int]) -> ForwardInput:
+    """A forward batch of one chunk: ``tokens`` from position ``start``, its last token sampled."""
+    return ForwardInput(list(tokens), list(range(start, start + len(tokens))),
+                        [ChunkSpan(start, len(tokens), table)], [len(tokens) - 1])
+
+
 def test_bf16_paged_attention_logits_close_to_dense(fp32_model, tokenizer, engine_device):
     """Prefill logits of every prompt position through the engine's runner (bf16 pool) vs the dense model."""
     model = bf16_copy(fp32_model, engine_device)
     engine = LLMEngine(model, tokenizer, EngineConfig(dtype="bfloat16", block_size=4, num_blocks=64))
     prompt = PROMPTS[2]
     table = list(range(-(-len(prompt) // 4)))
-    rows = [([token], position, table, True) for position, token in enumerate(prompt)]
-    engine.runner.execute([(prompt[:1], 0, table, True)])  # position 0 fills the pool, then one per step
-    paged = torch.cat([engine.runner.execute([row]) for row in rows[1:]])
+    engine.runner.execute(one_chunk(prompt[:1], 0, table))  # position 0 fills the pool, then one per step
+    paged = torch.cat([engine.runner.execute(one_chunk([token], position, table))
+                       for position, token in enumerate(prompt) if position > 0])
     with torch.inference_mode():
         dense = model(torch.tensor([prompt]), backend=DenseCausalAttention())[0, 1:].float()
     spread = float(dense.max() - dense.min())

@@ -80,9 +80,17 @@ class EngineConfig:
         if self.reservation_policy not in RESERVATION_POLICIES:
             raise ValueError(f"reservation_policy must be one of {RESERVATION_POLICIES}, "
                              f"got {self.reservation_policy!r}")
+        self._plain_device_and_dtype()
         if self.device is not None and not isinstance(self.device, str):
             raise TypeError(f"device must be a str such as 'cpu' or 'cuda' or None, got {self.device!r}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
         require_int("seed", self.seed)
 
+    def _plain_device_and_dtype(self) -> None:
+        """Store a ``torch.device`` / ``torch.dtype`` (what :func:`servelab.device.pick_device` returns) as
+        its plain name, so ``EngineConfig(device=DEVICE, dtype=DTYPE)`` works with a notebook's set-up."""
+        if type(self.device).__name__ == "device" and type(self.device).__module__ == "torch":
+            object.__setattr__(self, "device", str(self.device))
+        if type(self.dtype).__name__ == "dtype" and type(self.dtype).__module__ == "torch":
+            object.__setattr__(self, "dtype", str(self.dtype).removeprefix("torch."))
