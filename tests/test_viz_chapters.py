@@ -52,7 +52,7 @@ def test_slider_figure_has_one_frame_per_value():
     assert len(fig.frames) == len(values)
     assert all(len(frame.data) == 2 for frame in fig.frames)
     assert len(fig.layout.sliders[0].steps) == len(values)
-    assert "support (1 tokens)" in fig.frames[0].layout.title.text
+    assert "support (1 token)" in fig.frames[0].layout.title.text
 
 
 def test_show_top_limits_drawn_tokens_not_support():
@@ -178,3 +178,38 @@ def test_probability_axis_fits_flat_distributions_across_frames():
     fig = vs.distribution_slider_figure(flat, [str(i) for i in range(100)], param="temperature",
                                         values=[0.5, 1.0], show_top=10)
     assert fig.layout.yaxis.range[1] == pytest.approx(1.15 * 0.01)
+
+
+def test_support_caption_quotes_tokens_and_byte_tokens_read_as_bytes():
+    from servelab.model.tokenizer import load_tokenizer
+
+    labels = vs.vocab_labels(load_tokenizer())
+    assert "\ufffd" not in "".join(labels) and labels[0] == "<|endoftext|>"
+    byte_only = [label for label in labels if label.startswith("\\x")]
+    assert byte_only and all(len(label) >= 4 for label in byte_only)
+    assert "↵" in labels and "?" in labels  # the question-mark token is a real token ...
+    fig = vs.distribution_figure([1.0, 9.0, 0.0], ["a", "?", "\\xe2"], smp.SamplingParams(min_p=0.1))
+    assert "support (1 token): {“?”}" in fig.layout.title.text  # ... and reads as one, quoted
+
+
+def test_every_live_control_has_a_static_slider_figure():
+    figs = vs.control_slider_figures(LOGITS, LABELS, output_ids=[0, 0, 1])
+    assert set(figs) == {"top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"}
+    top_k = figs["top_k"].layout.sliders[0]
+    assert [s.label for s in top_k.steps][-1] == str(len(LOGITS)) and top_k.active == len(top_k.steps) - 1
+    for name, fig in figs.items():
+        bars = {tuple(round(y, 6) for y in frame.data[1].y) for frame in fig.frames}
+        assert len(bars) > 1, name  # moving the slider changes the distribution drawn
+
+
+def test_generation_sliders_share_one_wide_track():
+    import ipywidgets as w
+
+    box = vs.generation_controls(lambda params: "text")
+    sliders = [c for c in box.children if isinstance(c, w.SelectionSlider)]
+    assert len(sliders) == len(vs.CONTROL_CHOICES)
+    widths = {s.layout.width for s in sliders}
+    labels = {s.style.description_width for s in sliders}
+    assert len(widths) == 1 and len(labels) == 1
+    track = int(widths.pop().removesuffix("px")) - int(labels.pop().removesuffix("px"))
+    assert track > 3 * 55

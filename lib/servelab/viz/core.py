@@ -309,6 +309,22 @@ def table(rows: Sequence[Mapping[str, Any]] | Sequence[Sequence[Any]], *,
 # --------------------------------------------------------------------------------------------------
 
 
+SLIDER_WIDTH_PX = 520
+"""Every live slider is this wide in total, so every panel's tracks have one length."""
+SLIDER_LABEL_PX = 160
+"""The width reserved for a slider's name (the longest, ``repetition_penalty``, fits)."""
+
+
+def selection_slider(name: str, options: Sequence[Any], value: Any):
+    """An ipywidgets SelectionSlider of the course's one size: label 160 px, whole control 520 px."""
+    import ipywidgets as widgets
+
+    return widgets.SelectionSlider(options=list(options), value=value, description=name,
+                                   continuous_update=False,
+                                   style={"description_width": f"{SLIDER_LABEL_PX}px"},
+                                   layout=widgets.Layout(width=f"{SLIDER_WIDTH_PX}px"))
+
+
 def _defaults(make_figure: Callable[..., go.Figure],
               choices: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
     """Each control starts at the function's default when it has one, else at its first choice."""
@@ -355,12 +371,8 @@ class LiveControls:
             return FigureOutput(self.twin())
         import ipywidgets as widgets
 
-        sliders = {
-            name: widgets.SelectionSlider(options=opts, value=self.start[name], description=name,
-                                          continuous_update=False,
-                                          style={"description_width": "initial"})
-            for name, opts in self.choices.items()
-        }
+        sliders = {name: selection_slider(name, opts, self.start[name])
+                   for name, opts in self.choices.items()}
         return widgets.interactive(lambda **kw: show(self.make_figure(**kw)), **sliders)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
