@@ -143,11 +143,12 @@ def test_load_sweep_figure_checks_shapes_and_fraction():
         vm.load_sweep_figure([1, 2, 3], [1, 2], [1, 2], [1, 1])
 
 
-def test_roofline_figure_ridge_annotations():
+def test_roofline_figure_names_ridges_and_points_in_the_legend():
     fig = vm.roofline_figure({"A100-class": A100[1:], "H100-class": (989e12, 3.35e12)}, {"k": 1.0})
-    assert [a.text for a in fig.layout.annotations] == ["A100-class: I* = 201.3",
-                                                        "H100-class: I* = 295.2"]
-    assert len(fig.data) == 3
+    assert [t.name for t in fig.data] == ["A100-class roof", "H100-class roof", "A100-class ridge I* = 201.3",
+                                          "H100-class ridge I* = 295.2", "k"]
+    assert not fig.layout.annotations and all(t.mode in ("lines", "markers") for t in fig.data)
+    assert list(fig.data[2].x) == pytest.approx([201.3, 201.3], abs=0.05)
     with pytest.raises(ValueError):
         vm.roofline_figure({})
 
@@ -156,8 +157,8 @@ def test_roofline_slider_one_frame_per_batch_with_fixed_axis():
     batches = [1, 8, 64]
     fig = vm.roofline_batch_slider_figure(A100, {"70B": (BIG, 512, 512)}, batches)
     assert len(fig.frames) == len(batches)
-    assert all(len(frame.data) == 3 for frame in fig.frames)  # roof + prefill + decode
-    decode_x = [frame.data[2].x[0] for frame in fig.frames]
+    assert all(len(frame.data) == 4 for frame in fig.frames)  # roof + ridge + prefill + decode
+    decode_x = [frame.data[3].x[0] for frame in fig.frames]
     assert decode_x == sorted(decode_x)
     with pytest.raises(ValueError):
         vm.roofline_batch_slider_figure(A100, {"70B": (BIG, 512, 512)}, [1])
@@ -213,3 +214,18 @@ def test_generation_sliders_share_one_wide_track():
     assert len(widths) == 1 and len(labels) == 1
     track = int(widths.pop().removesuffix("px")) - int(labels.pop().removesuffix("px"))
     assert track > 3 * 55
+
+
+def test_slider_figure_widens_axis_ranges_and_keeps_text_apart():
+    from servelab.viz.core import slider_figure
+
+    def draw(scale):
+        fig = go.Figure([go.Bar(x=["a", "b"], y=[scale, 2 * scale], name="one"),
+                         go.Bar(x=["a", "b"], y=[1, 1], name="two")])
+        return fig.update_layout(yaxis_range=[0, 2.2 * scale], xaxis_title="x", title=f"scale {scale}",
+                                 legend={"orientation": "h", "y": -0.2})
+
+    fig = slider_figure(draw, [1, 10, 100], label="scale")
+    assert list(fig.layout.yaxis.range) == pytest.approx([0, 220])  # the biggest frame fits, not only the first
+    assert fig.layout.legend.y > 1 and fig.layout.legend.yanchor == "bottom"  # legend above the plot
+    assert fig.layout.sliders[0].pad.t >= 70  # the slider's label hangs below the x-axis title
