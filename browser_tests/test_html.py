@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
-from conftest import HTML_DIR, built_pages
+from conftest import HTML_DIR, ROOT, built_pages
 
 HIDDEN_TAGS = {"script", "style", "noscript", "template"}
 JARGON = [re.compile(p, re.IGNORECASE) for p in (
@@ -135,3 +135,30 @@ def test_the_checks_catch_what_they_should(tmp_path) -> None:
     assert internal_target("book/x.html", "https://example.org/a#b") is None
     path, anchor = internal_target("book/x.html", "ch03-sampling.html#ch03-truncation")
     assert path == (HTML_DIR / "book" / "ch03-sampling.html").resolve() and anchor == "ch03-truncation"
+
+
+def _heading_after(html_text: str, anchor: str) -> str | None:
+    """The text of the first heading at or after the element with id ``anchor`` (tags stripped)."""
+    at = re.search(rf'id="{re.escape(anchor)}"', html_text)
+    heading = re.compile(r"<h[1-6][^>]*>(.*?)</h[1-6]>", re.S).search(html_text, at.start()) if at else None
+    if heading is None:
+        return None
+    text = re.sub(r"<a class=\"headerlink\".*?</a>", "", heading.group(1), flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", text)).replace("&quot;", '"').strip()
+
+
+def test_answer_key_numbers_and_titles_match_the_built_headings() -> None:
+    """What the exported answer key prints ("§3.3 Truncation ...") is what the book shows there."""
+    from servelab.questions import load_bank
+    from servelab.questions.render import section_heading
+
+    if not PAGES:
+        pytest.fail(f"no built book at {HTML_DIR}: run `make book-strict` first")
+    wrong = []
+    for q in load_bank().questions:
+        page = HTML_DIR / "book" / f"{q.chapter_slug}.html"
+        shown = _heading_after(page.read_text(encoding="utf-8"), q.chapter_label)
+        expected = section_heading(ROOT, q.chapter_slug, q.chapter_label)
+        if shown is None or expected is None or shown != f"{expected.number}. {expected.title}":
+            wrong.append(f"{q.id}: book shows {shown!r}, answer key prints {str(expected)!r}")
+    assert not wrong, "\n".join(wrong)
