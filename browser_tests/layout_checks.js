@@ -24,6 +24,7 @@
       add(`slider ${i} step labels`, union([...g.querySelectorAll('.slider-label')]));
     });
     plot.querySelectorAll('g.annotation').forEach((g, i) => {
+      if (!(g.textContent || '').trim()) return;  // an arrow without text (e.g. a diagram's edge)
       const t = g.querySelector('g.annotation-text-g') || g;
       add(`annotation ${i} "${(g.textContent || '').slice(0, 30)}"`, rect(t));
     });

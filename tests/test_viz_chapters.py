@@ -190,7 +190,8 @@ def test_support_caption_quotes_tokens_and_byte_tokens_read_as_bytes():
     assert byte_only and all(len(label) >= 4 for label in byte_only)
     assert "↵" in labels and "?" in labels  # the question-mark token is a real token ...
     fig = vs.distribution_figure([1.0, 9.0, 0.0], ["a", "?", "\\xe2"], smp.SamplingParams(min_p=0.1))
-    assert "support (1 token): {“?”}" in fig.layout.title.text  # ... and reads as one, quoted
+    title = fig.layout.title.text
+    assert "support (1 token)" in title and title.endswith("<br>{“?”}")  # ... and reads as one, quoted
 
 
 def test_every_live_control_has_a_static_slider_figure():
@@ -229,3 +230,8 @@ def test_slider_figure_widens_axis_ranges_and_keeps_text_apart():
     assert list(fig.layout.yaxis.range) == pytest.approx([0, 220])  # the biggest frame fits, not only the first
     assert fig.layout.legend.y > 1 and fig.layout.legend.yanchor == "bottom"  # legend above the plot
     assert fig.layout.sliders[0].pad.t >= 70  # the slider's label hangs below the x-axis title
+
+
+def test_support_caption_names_the_most_probable_tokens_first():
+    fig = vs.distribution_figure([1.0, 3.0, 2.0, 0.0], ["a", "b", "c", "d"], smp.SamplingParams(top_k=3))
+    assert fig.layout.title.text.endswith("<br>{“b”, “c”, “a”}")

@@ -271,7 +271,9 @@ def tidy_slider_layout(fig: go.Figure) -> go.Figure:
     """
     subplot_titles = any(getattr(a, "yref", None) == "paper" and (a.y or 0) >= 1 for a in fig.layout.annotations)
     legend_px = _legend_rows_px(fig)
-    top = max(fig.layout.margin.t or 0, SLIDER_TOP_MARGIN_PX + legend_px - 24 + (26 if subplot_titles else 0))
+    title_lines = 1 + str(fig.layout.title.text or "").count("<br>")
+    top = max(fig.layout.margin.t or 0, SLIDER_TOP_MARGIN_PX + legend_px - 24 + 22 * (title_lines - 1)
+              + (26 if subplot_titles else 0))
     height = fig.layout.height or 450
     plot_px = max(height - top - (fig.layout.margin.b or 80), 100)
     lift = (28 if subplot_titles else 6) / plot_px  # paper units above the plot area

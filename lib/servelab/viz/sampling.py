@@ -151,11 +151,12 @@ def _shown_ids(logits: np.ndarray, show_top: int | None) -> np.ndarray:
 
 
 def _view_caption(view: DistributionView, labels: list[str], max_named: int = 8) -> str:
-    """"support (n tokens): {“a”, “b”} · mass kept 0.873": each token quoted, so "?" or "," reads as a token."""
-    kept = view.support
+    """Two lines: "support: n tokens · mass kept 0.873", then the most probable of them, quoted
+    (so "?" or "," reads as a token), most probable first."""
+    kept = sorted(view.support, key=lambda i: (-view.after[i], i))
     names = ", ".join(f"“{labels[i]}”" for i in kept[:max_named]) + (" …" if len(kept) > max_named else "")
     noun = "token" if len(kept) == 1 else "tokens"
-    return f"support ({len(kept)} {noun}): {{{names}}} · mass kept {view.kept_mass:.3f}"
+    return f"support ({len(kept)} {noun}) · mass kept {view.kept_mass:.3f}<br>{{{names}}}"
 
 
 def _bar_traces(view: DistributionView, shown: np.ndarray, labels: list[str]) -> list[go.Bar]:
@@ -178,7 +179,7 @@ def _headroom(views: Sequence[DistributionView], shown: np.ndarray) -> float:
 
 def _distribution_layout(fig: go.Figure, title: str, y_top: float) -> go.Figure:
     fig.update_layout(title=title, barmode="group", yaxis_title="probability", yaxis_range=[0, y_top],
-                      xaxis_title="token", margin={"t": 70, "b": 40},
+                      xaxis_title="token", margin={"t": 90, "b": 40},
                       legend={"x": 0.99, "y": 0.99, "xanchor": "right", "yanchor": "top"})
     return fig
 

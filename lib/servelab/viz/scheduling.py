@@ -235,10 +235,8 @@ def admission_limits_figure(runs: Mapping[str, Mapping[str, Sequence[int]]]) -> 
             fig.add_hline(y=run["limit"], line={"dash": "dot", "color": "#555555"}, row=row, col=1)
         fig.update_yaxes(title_text="requests", rangemode="tozero", row=row, col=1)
     fig.update_xaxes(title_text="engine step", row=len(runs), col=1)
-    height = 140 + 150 * len(runs)
-    fig.update_layout(height=height, title="Each limit alone is enough to keep requests waiting",
-                      legend={"orientation": "h", "x": 0, "y": 1 + 30 / (height - 190), "yanchor": "bottom"},
-                      margin={"t": 110})
+    plot_px = 150 * len(runs)
+    _stacked_layout(fig, "Each limit alone is enough to keep requests waiting", plot_px)
     return fig
 
 
