@@ -10,7 +10,7 @@ export MPLBACKEND := Agg
 # One thread keeps CPU timings and float reductions repeatable on a shared 2-core machine.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup book book-strict test test-lib test-notebooks test-browser browser-deps checks clean
+.PHONY: setup book book-strict test test-lib test-notebooks test-notebooks-cpus test-clean-install test-browser browser-deps checks clean lab
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,7 +23,7 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 # SOLUTIONS=0 builds the book without exercise solutions (e.g. `make book SOLUTIONS=0`).
-SOLUTIONS ?= 1
+SOLUTIONS ?= $(or $(SERVELAB_SOLUTIONS),1)
 JB := SERVELAB_SOLUTIONS=$(SOLUTIONS) $(VENV)/bin/jupyter-book
 
 # The everyday build: a notebook is re-executed when it changed, and every notebook when anything
@@ -54,6 +54,21 @@ test-notebooks: setup
 	    --nbval-sanitize-with notebooks/sanitize.cfg notebooks; \
 	else echo "no notebooks yet"; fi
 
+# The notebooks with checked cells again, under torch's other CPU kernels (default, avx2, and avx512
+# where the CPU has it), numpy without AVX-512, and 2 threads: a checked output must not depend on
+# the CPU (tools/nbval_variants.py).
+test-notebooks-cpus: setup
+	$(PY) tools/nbval_variants.py
+
+# A wheel installed into a fresh venv with only its declared dependencies (as on Colab), and every
+# notebook run from a folder outside the checkout: no error cell anywhere (tools/clean_install.py).
+test-clean-install: setup
+	$(PY) tools/clean_install.py
+
+# JupyterLab on the notebooks, in the project's venv (for students working locally).
+lab: setup
+	$(VENV)/bin/jupyter-lab notebooks
+
 # Debian's chromium for the browser test, and a CJK font so the Chinese cheat sheet's screenshot is legible.
 browser-deps:
 	@{ command -v chromium >/dev/null && fc-list :lang=zh | grep -q .; } || { apt-get update -qq && \
@@ -64,7 +79,7 @@ browser-deps:
 test-browser: setup browser-deps
 	$(PY) -m pytest -q -p no:cacheprovider browser_tests
 
-test: setup checks test-lib test-notebooks book-strict test-browser
+test: setup checks test-lib test-notebooks test-notebooks-cpus test-clean-install book-strict test-browser
 
 clean:
 	rm -rf _build

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from servelab.capacity import (
@@ -5,6 +7,7 @@ from servelab.capacity import (
     expected_tokens_per_cycle,
     flops_per_token,
     hosted_cost,
+    in_flight_quantile,
     kv_bytes_for_tokens,
     kv_bytes_per_request,
     monthly_requests,
@@ -12,12 +15,14 @@ from servelab.capacity import (
     owned_cost,
     peak_arrival_rate,
     replicas_needed,
+    requests_in_flight,
     speculative_speedup,
     speculative_time_per_token,
     time_to_last_token,
     to_gb,
     to_gib,
     weight_bytes,
+    weight_read_rate,
 )
 
 LAYOUT = dict(n_layers=80, n_kv_heads=8, head_dim=128, bytes_per_elem=2)
@@ -104,8 +109,40 @@ def test_speculative_arithmetic():
         (lambda: speculative_time_per_token(16, 24, 0), ValueError, "tokens_advanced"),
         (lambda: expected_tokens_per_cycle(1.1, 4), ValueError, "acceptance_rate"),
         (lambda: expected_tokens_per_cycle(0.5, 2.0), TypeError, "draft_len"),
+        (lambda: requests_in_flight(4, 0), ValueError, "service_time_s"),
+        (lambda: in_flight_quantile(32, 1.0), ValueError, "quantile"),
     ],
 )
 def test_bad_inputs(call, exc, word):
     with pytest.raises(exc, match=word):
         call()
+
+
+def test_weight_read_rate_at_batch_one():
+    # 40 tokens/s of a 70B FP16 model reads 5.6 TB/s of weights, whatever its 5.6 TFLOP/s of compute
+    assert weight_read_rate(70e9, 2, 40) == pytest.approx(5.6e12)
+    assert weight_read_rate(70e9, 0.5, 40) == pytest.approx(weight_read_rate(70e9, 2, 40) / 4)
+
+
+def test_requests_in_flight_is_littles_law():
+    assert requests_in_flight(4, 8) == 32
+    assert requests_in_flight(14.58, 8) == pytest.approx(116.64)
+
+
+def test_in_flight_quantile_is_the_poisson_quantile():
+    def cdf(n, mean):
+        return sum(math.exp(k * math.log(mean) - mean - math.lgamma(k + 1)) for k in range(n + 1))
+
+    for mean, q in ((32, 0.99), (32, 0.5), (3.5, 0.9), (200, 0.999)):
+        n = in_flight_quantile(mean, q)
+        assert cdf(n, mean) >= q > cdf(n - 1, mean)
+    assert in_flight_quantile(32, 0.99) > 32  # capacity for the mean is short of the tail
+
+
+def test_cost_splits_usage_and_fixed_parts():
+    hosted, owned = hosted_cost(), owned_cost()
+    assert hosted.fixed_items == owned.fixed_items == operating_allowances()
+    assert hosted.usage_total + hosted.fixed_total == hosted.total
+    assert round(hosted.per_1000(hosted.usage_total), 2) == 1.29
+    assert round(hosted.per_1000(hosted.fixed_total), 2) == 6.53
+    assert set(hosted.line_items) == set(hosted.usage_items) | set(hosted.fixed_items)

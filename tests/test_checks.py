@@ -12,6 +12,7 @@ from servelab.batching import Request
 from servelab.checks import EngineState, engine_tick, run_all
 from servelab.kv import BlockAllocator
 from servelab.lifecycle import RequestState, SlotPool
+from servelab.metrics import ModelShape, decode_cost
 
 
 def test_run_all_passes_every_check():
@@ -28,6 +29,10 @@ def test_lines_carry_computed_figures():
     assert "3->1" in lines["D05"] and "3->4" in lines["D05"]
     assert "384 B" in lines["D07"] and "768 B" in lines["D07"]
     assert "201.3" in lines["D09"]
+    shape = ModelShape(70_000_000_000, 80, 8192, 8, 128, 2)
+    decode_2048 = decode_cost(shape, 2048, 1).intensity
+    assert f"decode batch 1 at context 2,048: {decode_2048:.2f} FLOP/byte" in lines["D09"]
+    assert decode_cost(shape, 4096, 1).intensity > decode_2048  # the cause the line states
     assert "512 B -> 256 B" in lines["D10"]
 
 

@@ -21,7 +21,8 @@ from servelab.cluster import (
     NoEvictableAdapter,
 )
 from servelab.kv import kv_bytes_per_token
-from servelab.metrics import ModelShape
+from servelab import capacity
+from servelab.metrics import ModelShape, decode_cost, prefill_cost
 from servelab.viz import cluster as viz
 
 LLAMA8B = ModelShape(8_000_000_000, 32, 4096, 8, 128, 2)
@@ -133,6 +134,88 @@ def test_break_even_bandwidth_is_the_sign_change():
     assert cluster.disaggregation_break_even_bandwidth(LLAMA8B, 16, H100, 1e-4, 4) == math.inf
     # more decode streams to protect -> a slower link already pays
     assert cluster.disaggregation_break_even_bandwidth(LLAMA8B, 1024, H100, 1e-4, 16) < b_star
+
+
+# --------------------------------------------------------------------------------------------- chunked prefill
+
+
+def placements(prompt, **kw):
+    args = dict(decode_streams=4, decode_context=1024, mfu=0.5, chunk_tokens=512, link_bandwidth=12.5e9,
+                link_latency_s=1e-4)
+    args.update(kw)
+    return {p.strategy: p for p in cluster.compare_prefill_placements(LLAMA8B, prompt, H100, **args)}
+
+
+def test_chunk_costs_add_up_to_the_whole_prefill():
+    whole = prefill_cost(LLAMA8B, 1000)
+    chunks = [cluster.prefill_chunk_cost(LLAMA8B, o, min(256, 1000 - o)) for o in range(0, 1000, 256)]
+    assert cluster.prefill_chunk_cost(LLAMA8B, 0, 1000) == whole
+    assert sum(c.flops for c in chunks) == whole.flops  # every (query, key) pair counted once
+    # each chunk re-reads the weights and the KV of the chunks before it
+    assert sum(c.bytes for c in chunks) > whole.bytes
+
+
+def test_chunking_bounds_the_decode_gap_but_not_the_stream_delay():
+    p = placements(8192)
+    plain, chunked, disagg = p["co-located"], p["co-located, chunked"], p["disaggregated"]
+    assert chunked.iterations == 16 and plain.iterations == 1
+    assert chunked.worst_gap_s < plain.worst_gap_s / 10  # the ITL spike is gone
+    assert 0 < chunked.stream_delay_s < plain.stream_delay_s  # the prefill's compute still lands on the streams
+    assert chunked.ttft_s >= plain.ttft_s  # and the long prompt waits a little longer
+    assert disagg.stream_delay_s == 0 and disagg.worst_gap_s < chunked.worst_gap_s
+    assert disagg.ttft_s > plain.ttft_s  # the KV transfer lands on the new request
+    alone = H100.seconds(decode_cost(LLAMA8B, 1024, 4).flops, decode_cost(LLAMA8B, 1024, 4).bytes, 0.5)
+    assert disagg.worst_gap_s == pytest.approx(alone)
+    assert plain.stream_delay_s == pytest.approx(
+        cluster.disaggregation_estimate(LLAMA8B, 8192, H100, 12.5e9, 1e-4, 4).saved_s)
+
+
+def test_a_prompt_within_one_chunk_is_not_chunked():
+    p = placements(300)
+    assert p["co-located, chunked"].iterations == 1
+    assert p["co-located, chunked"].ttft_s == pytest.approx(p["co-located"].ttft_s)
+
+
+def test_smaller_chunks_shorten_the_worst_gap():
+    gaps = [placements(8192, chunk_tokens=c)["co-located, chunked"].worst_gap_s for c in (2048, 512, 128)]
+    assert gaps == sorted(gaps, reverse=True)
+
+
+def test_mfu_scales_compute_time_only():
+    assert H100.seconds(1e12, 0, 0.5) == pytest.approx(2 * H100.seconds(1e12, 0))
+    assert H100.seconds(0, 1e9, 0.5) == H100.seconds(0, 1e9)
+    with pytest.raises(ValueError, match="mfu"):
+        H100.seconds(1, 1, 0)
+
+
+# --------------------------------------------------------------------------------------------- assumptions
+
+
+def test_cluster_assumptions_state_the_inputs_once():
+    a = cluster.ClusterAssumptions()
+    rows = {r["assumption"]: r["value"] for r in a.rows()}
+    assert rows["model-FLOP utilisation"] == "50 % of peak"
+    assert rows["decode context"].startswith("1,024")
+    assert "989 TFLOP/s" in rows["device"] and "3.35 TB/s" in rows["device"]
+    changed = cluster.ClusterAssumptions(mfu=0.4, context_len=2048)
+    assert {r["assumption"]: r["value"] for r in changed.rows()}["model-FLOP utilisation"] == "40 % of peak"
+    with pytest.raises(ValueError, match="mfu"):
+        cluster.ClusterAssumptions(mfu=1.2)
+    with pytest.raises(TypeError, match="device"):
+        cluster.ClusterAssumptions(device=(989e12, 3.35e12))
+
+
+def test_seventy_b_sizing_from_the_assumptions():
+    a = cluster.ClusterAssumptions()
+    params = a.large_model.params
+    by_format = {name: capacity.weight_bytes(params, b) for name, b in a.weight_formats}
+    assert capacity.to_gb(by_format["FP16"]) == pytest.approx(140)
+    assert capacity.to_gb(by_format["INT4"]) == pytest.approx(35)
+    assert capacity.flops_per_token(params) == pytest.approx(140e9)  # 140 GFLOP, not TFLOP
+    assert capacity.compute_rate(params, a.target_tokens_per_s) == pytest.approx(5.6e12)
+    # one stream at 40 tokens/s reads more weight bytes than one device's bandwidth
+    assert capacity.weight_read_rate(params, 2, a.target_tokens_per_s) > a.device.memory_bandwidth
+    assert by_format["FP16"] > a.device_memory_bytes > by_format["INT4"]
 
 
 # --------------------------------------------------------------------------------------------- adapter identity
@@ -307,6 +390,9 @@ def test_waiting_head_times_out_when_no_slot_frees():
     (lambda: cluster.disaggregation_estimate(LLAMA8B, 10, H100, 1e9, -1, 1), "link_latency_s"),
     (lambda: cluster.disaggregation_estimate(LLAMA8B, 10, H100, 1e9, 0, 1, mfu=1.5), "mfu"),
     (lambda: Accelerator(0, 1), "peak_flops"),
+    (lambda: cluster.prefill_chunk_cost(LLAMA8B, -1, 4), "offset"),
+    (lambda: placements(1024, chunk_tokens=0), "chunk_tokens"),
+    (lambda: placements(1024, decode_streams=0), "decode_streams"),
     (lambda: GpuAdapterCache(0), "capacity"),
     (lambda: LoadCosts(0, 1, 1), "storage_bytes_per_ms"),
     (lambda: AdapterRequest("r", 0, "a", 0), "service_ms"),

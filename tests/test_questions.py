@@ -167,7 +167,7 @@ def test_design_defaults_reproduce_the_exercise():
     result = solve_design()
     assert round(result.peak_rate, 2) == 14.58
     assert (result.plan.serving, result.plan.total) == (6, 7)
-    assert result.kv_gib_per_request == 1.40625 and result.kv_gib_reserved == 67.5
+    assert result.kv_gib_per_request == 1.40625
     assert [round(x, 2) for x in (result.hosted.per_1000_requests, result.hosted.per_1000_useful,
                                   result.owned.per_1000_requests)] == [7.82, 8.07, 16.61]
     values = dict((q, v) for q, v, _ in design_rows(result))
@@ -180,6 +180,44 @@ def test_design_assumptions_are_editable():
     assert slower.owned.per_1000_requests > solve_design().owned.per_1000_requests
     with pytest.raises(TypeError, match="assumptions"):
         solve_design({"per_replica_rate": 2.0})
+
+
+def test_design_concurrency_comes_from_arrival_rate_times_service_time():
+    result = solve_design()
+    assert result.in_flight_peak == pytest.approx(result.peak_rate * 8)  # 8 s mean service time
+    assert round(result.in_flight_peak, 1) == 116.7
+    assert result.in_flight_per_replica == pytest.approx(32)  # 4 req/s x 8 s
+    assert result.in_flight_per_serving_replica == pytest.approx(result.in_flight_peak / 6)
+    longer = solve_design(DesignAssumptions(service_time_s=12.0))
+    assert longer.in_flight_per_replica == pytest.approx(48) and longer.reservations > result.reservations
+
+
+def test_design_reservations_memory_are_derived_not_asserted():
+    result = solve_design()
+    # reservations cover the Poisson(32) count in flight 99 % of the time: 46 (P(N <= 45) < 0.99)
+    assert result.reservations == 46
+    assert result.reservations > result.in_flight_per_replica  # the mean alone would be short
+    assert result.kv_gib_reserved == pytest.approx(46 * 1.40625)
+    assert result.memory_gib_per_replica == pytest.approx(70e9 * 2 / 2**30 + 46 * 1.40625)
+    values = dict((q, v) for q, v, _ in design_rows(result))
+    assert values["KV reservations per replica"] == "46" and values["KV for 46 reservations"] == "64.69 GiB"
+    mean_only = solve_design(DesignAssumptions(in_flight_quantile=0.5))
+    assert mean_only.reservations == 32  # the median of Poisson(32)
+
+
+def test_design_hosted_cost_shows_its_token_and_fixed_parts():
+    result = solve_design()
+    hosted, owned = result.hosted, result.owned
+    assert hosted.usage_total == pytest.approx(2205 + 94.5 + 1575)
+    assert hosted.fixed_total == owned.fixed_total == 600 + 1500 + 500 * 35
+    assert owned.usage_total == 7 * 6 * 720
+    rows = {q: (v, how) for q, v, how in design_rows(result)}
+    assert rows["Hosted, token bill per month"][0] == "$3,874.50"
+    assert rows["Fixed costs per month (either option)"][0] == "$19,600.00"
+    assert "tokens $1.29 + fixed $6.53" in rows["Hosted, per 1,000 requests"][1]
+    assert not any("allowances" in how for _, _, how in design_rows(result))
+    pricier_review = solve_design(DesignAssumptions(review_rate=70.0))
+    assert pricier_review.hosted.fixed_total == hosted.fixed_total + 500 * 35
 
 
 # ------------------------------------------------------------------------ rendering
@@ -299,8 +337,8 @@ def test_label_defined_accepts_directive_labels(tmp_path):
 def test_interview_notebook_renders_every_question():
     nb = nbformat.read(str(ROOT / "notebooks" / "ch09-interview.ipynb"), as_version=4)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    rendered = set(re.findall(r'tier_myst\(bank, "(L\d)", "([a-z-]+)", root\)', code))
+    rendered = set(re.findall(r'tier_view\(bank, "(L\d)", "([a-z-]+)", root\)', code))
     assert {(q.tier, q.set) for q in BANK.questions} <= rendered
-    myst_cells = [c for c in nb.cells if "tier_myst(bank" in c.source or "design_exercise_myst(" in c.source]
+    myst_cells = [c for c in nb.cells if "tier_view(bank" in c.source or "design_exercise_view(" in c.source]
     assert myst_cells and all(c.metadata["mystnb"]["markdown_format"] == "myst" for c in myst_cells)
     assert "design_exercises[0]" in code

@@ -328,3 +328,79 @@ def test_acceptance_rate_counts_examined_drafts_only():
     # 5 accepted; examined: 2 in the first cycle (accept, reject), 4 in the second
     assert result.acceptance_rate == pytest.approx(5 / 6)
     assert result.tokens_per_cycle == 3.5
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompt-lookup (n-gram) drafting: same rule, one-hot q
+# --------------------------------------------------------------------------------------------------
+
+REPEATING = [3, 17, 5, 42, 9, 11, 3, 17, 5, 42, 9, 11, 3, 17]
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_match():
+    from servelab.speculative import PromptLookupProposer
+
+    proposer = PromptLookupProposer(max_ngram=3)
+    assert proposer.propose([1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3], 2) == [5, 1]  # latest occurrence of (1, 2, 3)
+    assert proposer.propose([1, 2, 9, 7, 2], 3) == [9, 7, 2]  # falls back to the 1-gram (2,)
+    assert proposer.propose([1, 2, 3], 4) == []  # no earlier occurrence: nothing to draft
+    assert proposer.propose([4, 4], 3) == [4]  # never proposes past the end of the sequence
+    with pytest.raises(ValueError, match="max_ngram must be an int >= 2"):
+        PromptLookupProposer(max_ngram=1, min_ngram=2)
+
+
+def test_one_hot_draft_keeps_the_marginal_exact():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        p = rng.dirichlet(np.ones(6))
+        for x in range(6):
+            q = np.eye(6)[x]
+            np.testing.assert_allclose(output_distribution(p, q), p, atol=1e-12)
+
+
+def test_prompt_lookup_greedy_equals_target_greedy(target):
+    from servelab.speculative import PromptLookupProposer
+
+    for prompt in (PROMPT, REPEATING):
+        expected = reference_generate(target, prompt, 40)
+        for k in (1, 4):
+            result = speculative_generate(target, PromptLookupProposer(), prompt, k, GREEDY,
+                                          np.random.default_rng(0), 40)
+            assert result.tokens == expected
+            assert all(c.draft_kv_written == 0 and c.emitted <= c.verified + 1 for c in result.cycles)
+    assert sum(c.verified for c in result.cycles) > 0  # drafts were proposed and verified
+
+
+def test_prompt_lookup_sampled_first_token_follows_target_distribution(target):
+    from servelab.sampling import next_token_distribution
+    from servelab.speculative import PromptLookupProposer
+
+    params = SamplingParams(temperature=1.0)
+    with torch.no_grad():
+        p = next_token_distribution(target(torch.tensor([REPEATING]))[0, -1].numpy(), params)
+    rng = np.random.default_rng(7)
+    n = 500
+    counts = np.zeros(TARGET_CFG.vocab_size)
+    rejected = 0
+    for _ in range(n):  # the proposer always drafts 5 (it follows 3, 17 earlier), so one accept/correct step
+        result = speculative_generate(target, PromptLookupProposer(), REPEATING, 1, params, rng, 2)
+        assert result.cycles[0].verified == 1
+        counts[result.tokens[0]] += 1
+        rejected += result.cycles[0].accepted == 0
+    assert rejected > 0 and counts[5] < n  # both branches ran
+    top = np.argsort(p)[-3:]
+    assert np.all(np.abs(counts[top] / n - p[top]) < 5 * np.sqrt(p[top] * (1 - p[top]) / n))
+
+
+def test_prompt_lookup_on_a_repeating_prompt_beats_one_token_per_forward():
+    from servelab.model import default_model_dir, load_checkpoint, load_tokenizer
+    from servelab.speculative import PromptLookupProposer
+
+    if not (default_model_dir() / "model.safetensors").is_file():
+        pytest.skip("the shipped checkpoint is not in servelab/assets")
+    target = load_checkpoint(device="cpu", dtype=torch.float32)
+    line = "KING HENRY V:\nI will not be a man, and I will not.\n\n"
+    prompt = load_tokenizer().encode(line * 2).ids
+    result = speculative_generate(target, PromptLookupProposer(), prompt, 4, GREEDY, np.random.default_rng(0), 48)
+    assert result.tokens == reference_generate(target, prompt, 48)
+    assert result.tokens_per_cycle > 1.5  # more than one token per target forward, and exact

@@ -4,7 +4,8 @@ For each notebook under ``notebooks/`` (or the ones named on the command line) t
 
 * puts the set-up cell right under the title cell: on Colab (or anywhere ``servelab`` is missing)
   it pip-installs the library from the repository named in ``_config.yml`` (the one place the URL is
-  set), then picks the device (``DEVICE`` is ``"cuda"`` when a GPU is there). The cell is tagged
+  set), then picks the device and dtype with ``servelab.device.pick_device`` (``DEVICE, DTYPE``: CUDA
+  and bfloat16 when a GPU is there, else CPU and float32). The cell is tagged
   ``remove-cell`` so the book does not show it;
 * gives every cell a stable, unique id, sets the ``python3`` kernel and drops saved widget state;
 * moves nbval's comment markers into cell tags, so a reader never sees them: a leading
@@ -36,7 +37,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 SETUP_ID = "servelab-setup"
 SETUP_TEMPLATE = '''\
-# Set-up: on Colab (or wherever servelab is not installed yet) install the course library.
+# Set-up. Where servelab is missing (e.g. Colab) this installs the course library and its declared
+# dependencies; pip keeps every package already present in a compatible version (torch included).
 import importlib.util
 import subprocess
 import sys
@@ -48,9 +50,9 @@ if "google.colab" in sys.modules:
     from google.colab import output
     output.enable_custom_widget_manager()  # ipywidgets 8 controls need it on Colab
 
-import torch
+from servelab.device import pick_device
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"'''
+DEVICE, DTYPE = pick_device()  # CUDA + bfloat16 with a GPU, else CPU + float32 (SERVELAB_DEVICE/DTYPE override)'''
 NBVAL_MARKERS = ("NBVAL_CHECK_OUTPUT", "NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION")
 PUBLISH_CALLS = {"publish", "glue"}
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}

@@ -14,6 +14,9 @@
 5. Each script is emitted once per page (sphinx-thebe's set-up script is otherwise doubled).
 6. ``SERVELAB_SOLUTIONS=0`` in the environment builds the book without exercise solutions
    (sphinx-exercise's ``hide_solutions``); ``make book SOLUTIONS=0`` sets it.
+8. Every chapter page that has a notebook of the same name (``book/<slug>.md`` and
+   ``notebooks/<slug>.ipynb``) gets an "Open in Colab" link to that notebook under its title, made
+   from the one repository URL and branch in ``_config.yml`` (the same ones the launch buttons use).
 7. MathJax is served by the book itself too: MathJax 3's ``tex-chtml.js`` with the components it loads
    on demand (TeX extensions, CommonHTML fonts, the menu) is copied from the PyPI package
    ``django-static-mathjax`` into ``_static/mathjax`` (``mathjax_path`` in ``_config.yml`` points
@@ -191,6 +194,45 @@ def chapters_from_zero(app: Sphinx, env: BuildEnvironment) -> list[str]:
     return sorted(env.toc_secnumbers)
 
 
+COLAB_BADGE = ("```{{admonition}} Run this chapter\n:class: tip\n"
+               "[Open its notebook in Colab]({url}), or read the code and outputs on the notebook "
+               "page [](../notebooks/{slug}.ipynb).\n```\n")
+
+
+def colab_url(repository_url: str, branch: str, colab: str, notebook: str) -> str:
+    """Colab's URL for ``notebook`` (a path in the repository) on GitHub at ``branch``."""
+    prefix = "https://github.com/"
+    if not repository_url.startswith(prefix):
+        raise ValueError(f"repository.url must start with {prefix}, got {repository_url!r}")
+    repo = repository_url[len(prefix):].strip("/")
+    return f"{colab.rstrip('/')}/github/{repo}/blob/{branch}/{notebook}"
+
+
+def with_colab_link(text: str, url: str, slug: str) -> str:
+    """``text`` (a MyST page) with the Colab admonition right under its first ``# `` title."""
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("# "):
+            badge = COLAB_BADGE.format(url=url, slug=slug)
+            return "".join([*lines[:i + 1], "\n", badge, *lines[i + 1:]])
+    raise ValueError(f"page for {slug} has no '# ' title to put the Colab link under")
+
+
+def add_colab_link(app: Sphinx, docname: str, source: list[str]) -> None:
+    """An "Open in Colab" link under the title of each chapter page that has a notebook."""
+    if not docname.startswith("book/"):
+        return
+    slug = docname.split("/", 1)[1]
+    notebook = f"notebooks/{slug}.ipynb"
+    if not (Path(app.srcdir) / notebook).is_file():
+        return
+    options = app.config.html_theme_options
+    url = colab_url(options["repository_url"], options.get("repository_branch", "main"),
+                    options.get("launch_buttons", {}).get("colab_url", "https://colab.research.google.com"),
+                    notebook)
+    source[0] = with_colab_link(source[0], url, slug)
+
+
 def setup(app: Sphinx) -> dict:
     unshadow_latex_codec()
     # Notebook kernels inherit this; servelab.viz.core then emits only what the HTML renders.
@@ -199,6 +241,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("env-get-outdated", reread_on_library_change)
     app.connect("source-read", note_glue_sources)
     app.connect("env-get-updated", chapters_from_zero, priority=900)  # after the toctree collector
+    app.connect("source-read", add_colab_link)
     app.connect("build-finished", copy_plotly_js)
     app.connect("build-finished", copy_mathjax)
     app.connect("html-page-context", drop_duplicate_scripts, priority=900)  # after the others

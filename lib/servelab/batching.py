@@ -7,7 +7,8 @@ one decode iteration in a unit-cost model. Three simulators share this module:
 * ``simulate_batching`` -- static versus continuous batching (each active request emits one token
   per tick; a request's completion tick is the end of its last tick).
 * ``simulate_queue_policies`` -- who waits and who starves under FCFS, SJF, prefill-priority and
-  decode-priority admission, on the same slot loop.
+  decode-priority admission, and three remedies for starvation (SJF with aging, priority classes,
+  per-tenant fair queuing), on the same slot loop.
 * ``simulate_iterations`` -- chunked versus unchunked prefill on a token-budget cost model, where an
   iteration's duration grows with the number of tokens it processes.
 
@@ -20,9 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
-from servelab._validate import require_int, require_name
+from servelab._validate import require_int, require_name, require_real
 from servelab.metrics import itl
 
 __all__ = [
@@ -44,7 +45,8 @@ __all__ = [
 ]
 
 BATCHING_POLICIES = ("static", "continuous")
-QUEUE_POLICIES = ("fcfs", "sjf", "prefill-priority", "decode-priority")
+QUEUE_POLICIES = ("fcfs", "sjf", "prefill-priority", "decode-priority", "sjf-aging", "priority",
+                  "fair-queuing")
 
 
 @dataclass(frozen=True)
@@ -53,16 +55,22 @@ class Request:
 
     ``arrival`` is the first tick at which the scheduler may run it (int >= 0); ``ticks_needed`` is
     the number of output tokens it must produce, one per tick while it holds a slot (int >= 1).
+    ``tenant`` names who sent it (per-tenant fair queuing shares slots between tenants) and
+    ``priority`` is its class under the ``"priority"`` queue policy (lower is served first).
     """
 
     name: str
     arrival: int
     ticks_needed: int
+    tenant: str = "default"
+    priority: int = 0
 
     def __post_init__(self) -> None:
         require_name("name", self.name)
         require_int("arrival", self.arrival, 0)
         require_int("ticks_needed", self.ticks_needed, 1)
+        require_name("tenant", self.tenant)
+        require_int("priority", self.priority)
 
 
 @dataclass(frozen=True)
@@ -94,10 +102,16 @@ def _validate_requests(reqs: object) -> list[Request]:
     return list(reqs)
 
 
+# A ranking orders the waiting requests for the free slots: it gets them as (index in the workload,
+# request) pairs, the current tick and the tokens emitted so far per request name, and returns the
+# names best first.
+Ranking = Callable[[list[tuple[int, Request]], int, Mapping[str, int]], list[str]]
+
+
 def _run_slots(
     reqs: list[Request],
     capacity: int,
-    order_key: Callable[[int, Request], tuple],
+    rank: Ranking,
     refill_only_when_empty: bool,
     prefill_stalls_decode: bool,
 ) -> tuple[dict[str, list[int]], list[TickRecord]]:
@@ -108,18 +122,15 @@ def _run_slots(
     trace: list[TickRecord] = []
     tick = 0
     while any(owed.values()):
-        waiting = sorted(
-            (order_key(i, r), r.name)
-            for i, r in enumerate(reqs)
-            if r.arrival <= tick and owed[r.name] and r.name not in active
-        )
+        candidates = [(i, r) for i, r in enumerate(reqs)
+                      if r.arrival <= tick and owed[r.name] and r.name not in active]
+        waiting = rank(candidates, tick, {n: len(times) for n, times in emits.items()})
         admitted: list[str] = []
         if not (refill_only_when_empty and active):
-            free = capacity - len(active)
-            admitted = [name for _, name in waiting[:free]]
+            admitted = waiting[:capacity - len(active)]
         active += admitted
         emitting = admitted if (prefill_stalls_decode and admitted) else list(active)
-        queued = tuple(name for _, name in waiting if name not in admitted)
+        queued = tuple(name for name in waiting if name not in admitted)
         trace.append(TickRecord(tick, tuple(active), tuple(emitting), queued))
         for name in emitting:
             owed[name] -= 1
@@ -163,8 +174,57 @@ def verify_schedule(
             raise RuntimeError(f"invariant broken: {name} completion is not its last emit tick")
 
 
-def _fcfs_key(index: int, r: Request) -> tuple:
+def _by_key(key: Callable[[int, Request, int], tuple]) -> Ranking:
+    """A ranking that sorts the waiting requests by ``key(index, request, tick)``, smallest first."""
+    def rank(candidates: list[tuple[int, Request]], tick: int, served: Mapping[str, int]) -> list[str]:
+        return [r.name for _, r in sorted(candidates, key=lambda c: key(c[0], c[1], tick))]
+    return rank
+
+
+def _fcfs_key(index: int, r: Request, tick: int) -> tuple:
     return (r.arrival, index)
+
+
+def _sjf_key(index: int, r: Request, tick: int) -> tuple:
+    return (r.ticks_needed, r.arrival, index)
+
+
+def _priority_key(index: int, r: Request, tick: int) -> tuple:
+    return (r.priority, r.arrival, index)
+
+
+def _aging_key(aging_rate: float) -> Callable[[int, Request, int], tuple]:
+    """SJF on the predicted length minus ``aging_rate`` tokens for every tick already waited."""
+    def key(index: int, r: Request, tick: int) -> tuple:
+        return (r.ticks_needed - aging_rate * (tick - r.arrival), r.arrival, index)
+    return key
+
+
+def _fair_queuing(reqs: list[Request]) -> Ranking:
+    """Per-tenant fair queuing on tokens served: a virtual token counter per tenant.
+
+    A tenant's counter is the number of tokens its requests have emitted so far (all its requests,
+    running or finished); counters start at zero and are not lifted when a tenant returns from idle.
+    To rank, repeatedly take the tenant with the smallest counter among those with a waiting request
+    (ties: the earlier head of line), rank that tenant's earliest waiting request next and charge the
+    tenant one token for the prefill it is about to get. Within a tenant the order is FCFS.
+    """
+    tenant_of = {r.name: r.tenant for r in reqs}
+
+    def rank(candidates: list[tuple[int, Request]], tick: int, served: Mapping[str, int]) -> list[str]:
+        counters = {t: 0 for t in tenant_of.values()}
+        for name, tokens in served.items():
+            counters[tenant_of[name]] += tokens
+        queues = {t: [c for c in sorted(candidates, key=lambda c: (c[1].arrival, c[0]))
+                      if c[1].tenant == t] for t in counters}
+        ranked: list[str] = []
+        while any(queues.values()):
+            tenant = min((t for t in queues if queues[t]),
+                         key=lambda t: (counters[t], queues[t][0][1].arrival, queues[t][0][0]))
+            ranked.append(queues[tenant].pop(0)[1].name)
+            counters[tenant] += 1
+        return ranked
+    return rank
 
 
 def simulate_batching(
@@ -183,7 +243,7 @@ def simulate_batching(
     require_int("capacity", capacity, 1)
     if policy not in BATCHING_POLICIES:
         raise ValueError(f"policy must be one of {BATCHING_POLICIES}, got {policy!r}")
-    emits, trace = _run_slots(reqs, capacity, _fcfs_key, policy == "static", False)
+    emits, trace = _run_slots(reqs, capacity, _by_key(_fcfs_key), policy == "static", False)
     completion = {name: times[-1] for name, times in emits.items()}
     verify_schedule(reqs, capacity, completion, trace)
     return completion, trace
@@ -229,36 +289,15 @@ class QueueOutcome:
     max_gap: int | None
 
 
-def simulate_queue_policies(
-    workload: Sequence[Request], policy: str, capacity: int = 1
-) -> tuple[dict[str, QueueOutcome], list[TickRecord]]:
-    """Run one queue policy on the unit-cost slot model; return per-request outcomes and the trace.
+def _queue_ranking(policy: str, reqs: list[Request], aging_rate: float) -> Ranking:
+    if policy == "fair-queuing":
+        return _fair_queuing(reqs)
+    keys = {"sjf": _sjf_key, "sjf-aging": _aging_key(aging_rate), "priority": _priority_key}
+    return _by_key(keys.get(policy, _fcfs_key))
 
-    Each tick is one iteration. An admitted request's prefill costs one tick and yields its first
-    token; ``ticks_needed`` counts all its output tokens (SJF uses it as an oracle length
-    prediction). Policies:
 
-    * ``"fcfs"`` -- free slots go to the earliest arrival (a long head request blocks the line);
-    * ``"sjf"`` -- free slots go to the shortest predicted job (long jobs can starve);
-    * ``"prefill-priority"`` -- FCFS admission, and a tick that admits anyone runs only those
-      prefills, stalling every running decode for that tick;
-    * ``"decode-priority"`` -- running decodes are never interrupted and newcomers are admitted only
-      when the batch has drained, so their TTFT absorbs the wait.
-    """
-    reqs = _validate_requests(workload)
-    require_int("capacity", capacity, 1)
-    if policy not in QUEUE_POLICIES:
-        raise ValueError(f"policy must be one of {QUEUE_POLICIES}, got {policy!r}")
-
-    def sjf_key(index: int, r: Request) -> tuple:
-        return (r.ticks_needed, r.arrival, index)
-
-    key = sjf_key if policy == "sjf" else _fcfs_key
-    emits, trace = _run_slots(
-        reqs, capacity, key, policy == "decode-priority", policy == "prefill-priority"
-    )
-    completion = {name: times[-1] for name, times in emits.items()}
-    verify_schedule(reqs, capacity, completion, trace)
+def _queue_outcomes(reqs: list[Request], emits: dict[str, list[int]],
+                    trace: list[TickRecord]) -> dict[str, QueueOutcome]:
     outcomes = {}
     for r in reqs:
         times = emits[r.name]
@@ -268,7 +307,45 @@ def simulate_queue_policies(
             r.name, r.arrival, admitted, times[0], times[-1], admitted - r.arrival,
             times[0] - r.arrival, max(gaps) if gaps else None,
         )
-    return outcomes, trace
+    return outcomes
+
+
+def simulate_queue_policies(
+    workload: Sequence[Request], policy: str, capacity: int = 1, aging_rate: float = 1.0
+) -> tuple[dict[str, QueueOutcome], list[TickRecord]]:
+    """Run one queue policy on the unit-cost slot model; return per-request outcomes and the trace.
+
+    Each tick is one iteration. An admitted request's prefill costs one tick and yields its first
+    token; ``ticks_needed`` counts all its output tokens (SJF uses it as an oracle prediction of the
+    output length, so under SJF the request with the long *output* is the one that starves).
+    Policies:
+
+    * ``"fcfs"`` -- free slots go to the earliest arrival (a long head request blocks the line);
+    * ``"sjf"`` -- free slots go to the shortest predicted job (long jobs can starve);
+    * ``"prefill-priority"`` -- FCFS admission, and a tick that admits anyone runs only those
+      prefills, stalling every running decode for that tick;
+    * ``"decode-priority"`` -- running decodes are never interrupted and newcomers are admitted only
+      when the batch has drained, so their TTFT absorbs the wait.
+
+    Remedies for starvation, all with mixed iterations like FCFS and SJF:
+
+    * ``"sjf-aging"`` -- SJF on the predicted length minus ``aging_rate`` tokens (a real >= 0) per
+      tick already waited, so a long job's rank improves while it waits;
+    * ``"priority"`` -- strict priority classes: lowest ``Request.priority`` first, FCFS inside a
+      class (a remedy only for the class on top; a low class can starve the same way);
+    * ``"fair-queuing"`` -- per-tenant fair queuing: the tenant served the fewest tokens so far gets
+      the next slot, FCFS inside a tenant (see ``Request.tenant``).
+    """
+    reqs = _validate_requests(workload)
+    require_int("capacity", capacity, 1)
+    if policy not in QUEUE_POLICIES:
+        raise ValueError(f"policy must be one of {QUEUE_POLICIES}, got {policy!r}")
+    require_real("aging_rate", aging_rate, 0.0)
+    emits, trace = _run_slots(reqs, capacity, _queue_ranking(policy, reqs, aging_rate),
+                              policy == "decode-priority", policy == "prefill-priority")
+    completion = {name: times[-1] for name, times in emits.items()}
+    verify_schedule(reqs, capacity, completion, trace)
+    return _queue_outcomes(reqs, emits, trace), trace
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,10 @@ __all__ = [
     "flops_per_token",
     "compute_rate",
     "time_to_last_token",
+    "weight_read_rate",
     "peak_arrival_rate",
+    "requests_in_flight",
+    "in_flight_quantile",
     "ReplicaPlan",
     "replicas_needed",
     "CostBreakdown",
@@ -115,6 +118,15 @@ def compute_rate(params: float, tokens_per_second: float) -> float:
     return flops_per_token(params) * require_real("tokens_per_second", tokens_per_second, 0, strict_min=True)
 
 
+def weight_read_rate(params: float, bytes_per_param: float, tokens_per_second: float) -> float:
+    """Bytes/s of weight reads for one sequence decoding ``tokens_per_second`` tokens (batch 1).
+
+    Every decode step reads every weight once, so a lone stream needs weight bytes x tokens/s of
+    memory bandwidth, whatever its FLOPs; a batch shares each read among its sequences.
+    """
+    return weight_bytes(params, bytes_per_param) * require_real("tokens_per_second", tokens_per_second, 0, strict_min=True)
+
+
 def time_to_last_token(ttft: float, n_tokens: int, tokens_per_second: float) -> float:
     """Seconds until the last of ``n_tokens`` arrives: TTFT + (n - 1) / decode rate.
 
@@ -141,6 +153,34 @@ def peak_arrival_rate(
     require_real("retry_allowance", retry_allowance, 0)
     mean_rate = requests_per_day / (hours * SECONDS_PER_HOUR)
     return mean_rate * peak_factor * (1 + retry_allowance)
+
+
+def requests_in_flight(arrival_rate: float, service_time_s: float) -> float:
+    """Mean requests in service at once, by Little's law: arrival rate (req/s) x mean service time (s).
+
+    Holds for any arrival pattern and service-time distribution in steady state; it is a mean, and
+    the count in flight fluctuates around it (see :func:`in_flight_quantile`).
+    """
+    rate = require_real("arrival_rate", arrival_rate, 0, strict_min=True)
+    return rate * require_real("service_time_s", service_time_s, 0, strict_min=True)
+
+
+def in_flight_quantile(mean_in_flight: float, quantile: float) -> int:
+    """Smallest n with P(requests in flight <= n) >= ``quantile`` when arrivals are Poisson.
+
+    With Poisson arrivals and any service-time distribution the number in service is Poisson with
+    mean ``mean_in_flight`` (the M/G/infinity result); capacity for n requests then turns requests
+    away (or queues them) less than 1 - ``quantile`` of the time.
+    """
+    mean = require_real("mean_in_flight", mean_in_flight, 0, strict_min=True)
+    q = require_real("quantile", quantile, 0, 1, strict_min=True, strict_max=True)
+    n, log_pmf = 0, -mean
+    cdf = math.exp(log_pmf)
+    while cdf < q:
+        n += 1
+        log_pmf += math.log(mean) - math.log(n)
+        cdf += math.exp(log_pmf)
+    return n
 
 
 @dataclass(frozen=True)
@@ -180,19 +220,41 @@ def replicas_needed(
 
 @dataclass(frozen=True)
 class CostBreakdown:
-    """Monthly cost line items (US$) and the per-1,000 figures derived from them."""
+    """Monthly cost (US$) in two parts and the per-1,000 figures derived from them.
 
-    line_items: dict[str, float]
+    ``usage_items`` scale with the traffic or the hardware bought (tokens billed, replica hours);
+    ``fixed_items`` are the operating costs either option pays whatever the traffic.
+    """
+
+    usage_items: dict[str, float]
+    fixed_items: dict[str, float]
     original_requests: float
     useful_fraction: float
 
     @property
+    def line_items(self) -> dict[str, float]:
+        """Every line item, usage first."""
+        return {**self.usage_items, **self.fixed_items}
+
+    @property
+    def usage_total(self) -> float:
+        return sum(self.usage_items.values())
+
+    @property
+    def fixed_total(self) -> float:
+        return sum(self.fixed_items.values())
+
+    @property
     def total(self) -> float:
-        return sum(self.line_items.values())
+        return self.usage_total + self.fixed_total
+
+    def per_1000(self, amount: float) -> float:
+        """``amount`` (US$/month) per 1,000 original requests."""
+        return 1000 * amount / self.original_requests
 
     @property
     def per_1000_requests(self) -> float:
-        return 1000 * self.total / self.original_requests
+        return self.per_1000(self.total)
 
     @property
     def per_1000_useful(self) -> float:
@@ -232,7 +294,8 @@ def hosted_cost(
     """Monthly cost of a hosted token API (US$), billed on every attempt.
 
     Token counts are means per attempt; prices are $ per million tokens; ``cached_input_share`` of
-    input tokens bills at the cached rate. ``allowances`` defaults to ``operating_allowances()``.
+    input tokens bills at the cached rate. The token bill is the usage part; ``allowances`` (the
+    fixed part) defaults to ``operating_allowances()``.
     """
     require_real("requests_per_month", requests_per_month, 0, strict_min=True)
     attempts = requests_per_month * require_real("attempt_factor", attempt_factor, 0, strict_min=True)
@@ -247,8 +310,8 @@ def hosted_cost(
         "cached input tokens": fed * share * cached_price,
         "output tokens": out * output_price,
     }
-    items.update(operating_allowances() if allowances is None else _allowances(allowances))
-    return CostBreakdown(items, requests_per_month, _useful(useful_fraction))
+    fixed = operating_allowances() if allowances is None else _allowances(allowances)
+    return CostBreakdown(items, fixed, requests_per_month, _useful(useful_fraction))
 
 
 def owned_cost(
@@ -259,15 +322,17 @@ def owned_cost(
     useful_fraction: float = 0.97,
     allowances: dict[str, float] | None = None,
 ) -> CostBreakdown:
-    """Monthly cost of owned replicas (US$) billed every hour, idle or not, plus the allowances.
+    """Monthly cost of owned replicas (US$): replica hours billed every hour, idle or not (the usage
+    part), and the same fixed ``allowances`` as :func:`hosted_cost`.
 
     No per-token charge: inference on owned replicas is paid for by the hours.
     """
     require_int("replicas", replicas, 1)
     hours = require_real("hours_per_month", hours_per_month, 0, strict_min=True)
     items = {"replica hours": replicas * require_real("hourly_rate", hourly_rate, 0, strict_min=True) * hours}
-    items.update(operating_allowances() if allowances is None else _allowances(allowances))
-    return CostBreakdown(items, require_real("requests_per_month", requests_per_month, 0, strict_min=True), _useful(useful_fraction))
+    fixed = operating_allowances() if allowances is None else _allowances(allowances)
+    per_month = require_real("requests_per_month", requests_per_month, 0, strict_min=True)
+    return CostBreakdown(items, fixed, per_month, _useful(useful_fraction))
 
 
 def _allowances(allowances: object) -> dict[str, float]:

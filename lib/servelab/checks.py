@@ -169,7 +169,7 @@ def _illegal_batching_inputs() -> list[Callable[[], object]]:
 
 
 def check_batching() -> str:
-    """[D04] static vs continuous on the seed workload, the equal-length tie, arrivals, bad inputs."""
+    """[D04] static vs continuous on the A, B, C workload (1, 4 and 1 tokens, 2 slots), the equal-length tie, arrivals, bad inputs."""
     reqs = [Request("A", 0, 1), Request("B", 0, 4), Request("C", 0, 1)]
     static, _ = simulate_batching(reqs, 2, "static")
     cont, _ = simulate_batching(reqs, 2, "continuous")
@@ -267,11 +267,15 @@ def check_roofline() -> str:
     ridge = ridge_point(312e12, 1.55e12)
     _expect(round(ridge, 1) == 201.3, f"ridge point {ridge}")
     shape = ModelShape(70_000_000_000, 80, 8192, 8, 128, 2)
-    pre = prefill_cost(shape, 2048).intensity
-    dec = decode_cost(shape, 2048, 1).intensity
+    context = 2048
+    pre = prefill_cost(shape, context).intensity
+    dec = decode_cost(shape, context, 1).intensity
     _expect(pre > ridge > dec, f"prefill {pre:.0f} and decode {dec:.2f} FLOP/B vs ridge {ridge:.1f}")
+    # attention over the cache does 4 x layers x hidden FLOPs per cached token's KV bytes
+    per_cached = 4 * shape.n_layers * shape.hidden_size / shape.kv_bytes_per_token
     return (f"roofline ridge I* = {ridge:.1f} FLOP/byte (upper-bound reference only); 70B bf16: prefill "
-            f"2048 tokens {pre:.0f}, decode batch 1 {dec:.2f} FLOP/byte")
+            f"of {context:,} tokens {pre:.0f}, decode batch 1 at context {context:,}: {dec:.2f} FLOP/byte "
+            f"(rises with the context: each cached token adds {per_cached:.0f} FLOP per KV byte)")
 
 
 # --- D10: one engine tick -------------------------------------------------------------------------

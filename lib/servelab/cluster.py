@@ -14,7 +14,11 @@ skewed routing causes.
 
 *Disaggregation.* :func:`disaggregation_estimate` weighs moving a prompt's KV cache from a prefill node
 to a decode node (bytes from :func:`servelab.kv.kv_bytes_per_token`) against the decode stall the prefill
-would have caused on a node it shared with running streams.
+would have caused on a node it shared with running streams; :func:`compare_prefill_placements` sets
+disaggregation against co-location with and without chunked prefill (:func:`prefill_chunk_cost`).
+
+:class:`ClusterAssumptions` holds the inputs these calculations share (device, model-FLOP
+utilisation, models, context, links), so a chapter states them once.
 
 *Multi-LoRA.* :class:`AdapterRegistry` (the trusted control plane), :class:`GpuAdapterCache` (adapter
 slots with per-request references; LRU eviction of unreferenced adapters only) and
@@ -38,12 +42,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from servelab._validate import require_int
+from servelab._validate import require_int, require_real
 from servelab.kv import kv_bytes_per_token
-from servelab.metrics import ModelShape, decode_cost, prefill_cost
+from servelab.metrics import ModelShape, PhaseCost, decode_cost, prefill_cost
 
 __all__ = [
     "Accelerator",
+    "ClusterAssumptions",
     "AdapterArtifact",
     "AdapterKey",
     "AdapterRecord",
@@ -60,13 +65,17 @@ __all__ = [
     "NoEvictableAdapter",
     "TPStep",
     "adapter_workload",
+    "PLACEMENTS",
+    "PrefillPlacement",
     "colocated_stall_s",
+    "compare_prefill_placements",
     "disaggregation_break_even_bandwidth",
     "disaggregation_estimate",
     "ep_all_to_all_bytes",
     "expert_rank_loads",
     "pipeline_schedule",
     "pp_bubble_fraction",
+    "prefill_chunk_cost",
     "ring_allreduce_bytes",
     "sha256_hex",
     "simulate_adapter_serving",
@@ -80,13 +89,8 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 
 
-def _num(name: str, value: object, minimum: float = 0.0, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if math.isnan(value) or value < minimum or (strict and value == minimum):
-        relation = ">" if strict else ">="
-        raise ValueError(f"{name} must be a number {relation} {minimum}, got {value}")
-    return float(value)
+def _mfu(mfu: object) -> float:
+    return require_real("mfu", mfu, 0, 1, strict_min=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -96,18 +100,92 @@ def _num(name: str, value: object, minimum: float = 0.0, strict: bool = False) -
 
 @dataclass(frozen=True)
 class Accelerator:
-    """One device for roofline timing: ``peak_flops`` (FLOP/s) and ``memory_bandwidth`` (bytes/s)."""
+    """One device for kernel timing: ``peak_flops`` (FLOP/s) and ``memory_bandwidth`` (bytes/s)."""
 
     peak_flops: float
     memory_bandwidth: float
 
     def __post_init__(self) -> None:
-        _num("peak_flops", self.peak_flops, strict=True)
-        _num("memory_bandwidth", self.memory_bandwidth, strict=True)
+        require_real("peak_flops", self.peak_flops, 0, strict_min=True)
+        require_real("memory_bandwidth", self.memory_bandwidth, 0, strict_min=True)
 
-    def seconds(self, flops: float, n_bytes: float) -> float:
-        """Roofline time of a kernel: the slower of computing ``flops`` and moving ``n_bytes``."""
-        return max(flops / self.peak_flops, n_bytes / self.memory_bandwidth)
+    def seconds(self, flops: float, n_bytes: float, mfu: float = 1.0) -> float:
+        """Time of a kernel: the slower of computing ``flops`` at ``mfu`` x peak and moving ``n_bytes``.
+
+        ``mfu`` 1 is the roofline bound; below 1 it is the model-FLOP utilisation a real kernel reaches.
+        """
+        return max(flops / (self.peak_flops * _mfu(mfu)), n_bytes / self.memory_bandwidth)
+
+
+@dataclass(frozen=True)
+class ClusterAssumptions:
+    """The inputs the cluster chapter's calculations share, stated once.
+
+    Device: ``device`` (peak FLOP/s, memory bytes/s; datasheet figures used as model inputs) with
+    ``device_memory_bytes`` of memory, its FLOPs run at model-FLOP utilisation ``mfu``. Models: a
+    ``large_model`` (sizing, TP) and a ``small_model`` (disaggregation), sized in each of
+    ``weight_formats`` (name, bytes per parameter) and for one stream at ``target_tokens_per_s``.
+    Decode streams hold ``context_len`` cached tokens. Links: ``tp_links`` as (name, bytes/s per
+    rank, seconds per ring step); the KV link of disaggregation ``kv_link_bandwidth`` bytes/s plus
+    ``kv_link_latency_s``, next to ``decode_streams`` streams, or ``chunk_tokens`` per chunk.
+    """
+
+    device_name: str = "H100-class"
+    device: Accelerator = Accelerator(989e12, 3.35e12)
+    device_memory_bytes: float = 80e9
+    mfu: float = 0.5
+    large_model: ModelShape = ModelShape(70_000_000_000, 80, 8192, 8, 128, 2)
+    small_model: ModelShape = ModelShape(8_000_000_000, 32, 4096, 8, 128, 2)
+    weight_formats: tuple[tuple[str, float], ...] = (("FP16", 2), ("INT4", 0.5))
+    target_tokens_per_s: float = 40
+    context_len: int = 1024
+    tp_links: tuple[tuple[str, float, float], ...] = (("NVLink-class", 450e9, 2e-6), ("PCIe-class", 32e9, 10e-6))
+    kv_link_bandwidth: float = 12.5e9
+    kv_link_latency_s: float = 1e-4
+    decode_streams: int = 4
+    chunk_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, Accelerator):
+            raise TypeError(f"device must be an Accelerator, got {type(self.device).__name__}")
+        for name in ("large_model", "small_model"):
+            if not isinstance(getattr(self, name), ModelShape):
+                raise TypeError(f"{name} must be a ModelShape, got {type(getattr(self, name)).__name__}")
+        _mfu(self.mfu)
+        for name in ("device_memory_bytes", "target_tokens_per_s", "kv_link_bandwidth"):
+            require_real(name, getattr(self, name), 0, strict_min=True)
+        require_real("kv_link_latency_s", self.kv_link_latency_s, 0)
+        for name in ("context_len", "decode_streams", "chunk_tokens"):
+            require_int(name, getattr(self, name), 1)
+
+    def rows(self) -> list[dict[str, str]]:
+        """The assumptions as table rows: assumption, value, where the chapter uses it."""
+        d, big, small = self.device, self.large_model, self.small_model
+        links = "; ".join(f"{n} {bw / 1e9:g} GB/s, {lat * 1e6:g} µs per ring step" for n, bw, lat in self.tp_links)
+        return [
+            {"assumption": "device", "value": f"{self.device_name}: {d.peak_flops / 1e12:g} TFLOP/s bf16 dense, "
+             f"{d.memory_bandwidth / 1e12:g} TB/s, {self.device_memory_bytes / 1e9:g} GB", "used by": "every table"},
+            {"assumption": "model-FLOP utilisation", "value": f"{100 * self.mfu:g} % of peak",
+             "used by": "every compute time (time at MFU; memory time at full bandwidth)"},
+            {"assumption": "large model", "value": _shape_text(big), "used by": "sizing, TP"},
+            {"assumption": "small model", "value": _shape_text(small), "used by": "disaggregation"},
+            {"assumption": "weight formats", "value": ", ".join(f"{n} {b:g} B/param" for n, b in self.weight_formats),
+             "used by": "sizing"},
+            {"assumption": "one stream's decode rate", "value": f"{self.target_tokens_per_s:g} tokens/s", "used by": "sizing"},
+            {"assumption": "decode context", "value": f"{self.context_len:,} cached tokens per stream",
+             "used by": "TP, disaggregation"},
+            {"assumption": "TP links", "value": links, "used by": "TP"},
+            {"assumption": "KV link", "value": f"{self.kv_link_bandwidth / 1e9:g} GB/s, {self.kv_link_latency_s * 1e3:g} ms",
+             "used by": "disaggregation"},
+            {"assumption": "co-located decode streams", "value": f"{self.decode_streams}", "used by": "disaggregation"},
+            {"assumption": "prefill chunk", "value": f"{self.chunk_tokens:,} prompt tokens per iteration",
+             "used by": "chunked prefill"},
+        ]
+
+
+def _shape_text(m: ModelShape) -> str:
+    return (f"{m.params / 1e9:g}B parameters, {m.n_layers} layers, hidden {m.hidden_size:,}, "
+            f"{m.n_kv_heads} KV heads of {m.head_dim}, {m.bytes_per_elem} B per element")
 
 
 def ring_allreduce_bytes(message_bytes: float, world_size: int) -> float:
@@ -116,7 +194,7 @@ def ring_allreduce_bytes(message_bytes: float, world_size: int) -> float:
     The ring runs a reduce-scatter then an all-gather, each ``t - 1`` steps of ``M / t`` bytes. With
     ``world_size`` 1 nothing moves.
     """
-    m = _num("message_bytes", message_bytes)
+    m = require_real("message_bytes", message_bytes, 0)
     t = require_int("world_size", world_size, 1)
     return 2 * (t - 1) / t * m
 
@@ -137,7 +215,7 @@ def tp_allreduce_message_bytes(hidden_size: int, bytes_per_elem: int, tokens: in
 class TPStep:
     """One decode step of a batch under TP degree ``tp`` (seconds).
 
-    ``compute_s`` is one rank's roofline time for its ``1/tp`` share of weights, KV and FLOPs;
+    ``compute_s`` is one rank's time for its ``1/tp`` share of weights, KV and FLOPs (at the MFU asked for);
     ``comm_s`` the all-reduce time over all layers; ``sent_bytes`` what each rank sends per step.
     """
 
@@ -153,10 +231,11 @@ class TPStep:
 
 
 def tp_decode_step(model: ModelShape, tp: int, device: Accelerator, link_bandwidth: float,
-                   link_latency_s: float, batch: int = 1, context_len: int = 1024) -> TPStep:
+                   link_latency_s: float, batch: int = 1, context_len: int = 1024, mfu: float = 1.0) -> TPStep:
     """Time one decode step of ``batch`` sequences at ``context_len`` tokens on ``tp`` ranks.
 
-    Compute: :func:`servelab.metrics.decode_cost` split evenly over the ranks, timed on ``device``.
+    Compute: :func:`servelab.metrics.decode_cost` split evenly over the ranks, timed on ``device``
+    at model-FLOP utilisation ``mfu`` (1 = the roofline bound).
     Communication: per layer two ring all-reduces of ``batch x hidden`` activations; each ring step
     costs ``link_latency_s`` plus its bytes over ``link_bandwidth`` (bytes/s per rank).
     """
@@ -165,10 +244,10 @@ def tp_decode_step(model: ModelShape, tp: int, device: Accelerator, link_bandwid
     if not isinstance(device, Accelerator):
         raise TypeError(f"device must be an Accelerator, got {type(device).__name__}")
     t = require_int("tp", tp, 1)
-    bw = _num("link_bandwidth", link_bandwidth, strict=True)
-    lat = _num("link_latency_s", link_latency_s)
+    bw = require_real("link_bandwidth", link_bandwidth, 0, strict_min=True)
+    lat = require_real("link_latency_s", link_latency_s, 0)
     cost = decode_cost(model, context_len, batch)
-    compute = device.seconds(cost.flops / t, cost.bytes / t)
+    compute = device.seconds(cost.flops / t, cost.bytes / t, mfu)
     per_allreduce = batch * model.hidden_size * model.bytes_per_elem  # one of the layer's two all-reduces
     sent_per_allreduce = ring_allreduce_bytes(per_allreduce, t)
     n_allreduce = 2 * model.n_layers
@@ -250,7 +329,7 @@ def expert_rank_loads(tokens: int, num_experts: int, top_k: int, ep: int, skew: 
     e = require_int("ep", ep, 1)
     if x % e:
         raise ValueError(f"ep must divide num_experts ({x}), got {e}")
-    s = _num("skew", skew)
+    s = require_real("skew", skew, 0)
     rng = random.Random(seed)
     weights = [1 / (i + 1) ** s for i in range(x)]
     loads = [0] * e
@@ -274,8 +353,8 @@ class DisaggregationEstimate:
 
     ``transfer_s`` is added once to this request's TTFT when prefill and decode run on different
     nodes. ``stall_s`` is how much longer the iterations of the ``decode_streams`` co-located streams
-    get when this prefill shares them (mixed-batch roofline time minus decode-only time; chunked or
-    not, the prefill's extra time lands in iterations those streams wait for). ``net_s`` counts one
+    get when the whole prefill shares one of their iterations (mixed-batch time minus decode-only
+    time, both at the stated MFU; :func:`compare_prefill_placements` adds the chunked case). ``net_s`` counts one
     second of anyone's delay equally: positive means disaggregating this prompt removes more delay
     than it adds.
     """
@@ -300,23 +379,44 @@ class DisaggregationEstimate:
         return self.net_s > 0
 
 
+def prefill_chunk_cost(model: ModelShape, offset: int, chunk_tokens: int) -> PhaseCost:
+    """FLOPs and bytes of prefilling prompt tokens ``offset .. offset + chunk_tokens - 1`` in one pass.
+
+    FLOPs: 2P per token plus attention over the ``offset`` cached tokens and causally within the
+    chunk, 4 x layers x hidden per (query, key) pair. Bytes: the weights, the cached prefix's KV read
+    and the chunk's KV written. ``offset`` 0 with the whole prompt is :func:`servelab.metrics.prefill_cost`.
+    """
+    if not isinstance(model, ModelShape):
+        raise TypeError(f"model must be a ModelShape, got {type(model).__name__}")
+    o = require_int("offset", offset, 0)
+    c = require_int("chunk_tokens", chunk_tokens, 1)
+    pairs = c * o + c * (c + 1) // 2
+    flops = 2 * model.params * c + 4 * model.n_layers * model.hidden_size * pairs
+    return PhaseCost(flops, model.weight_bytes + (o + c) * model.kv_bytes_per_token)
+
+
+def _mixed_iteration_s(model: ModelShape, device: Accelerator, mfu: float, decode: PhaseCost | None,
+                       prefill: PhaseCost) -> float:
+    """One iteration carrying ``prefill`` and, if any, the ``decode`` streams: weights read once."""
+    if decode is None:
+        return device.seconds(prefill.flops, prefill.bytes, mfu)
+    return device.seconds(decode.flops + prefill.flops, decode.bytes + prefill.bytes - model.weight_bytes, mfu)
+
+
 def colocated_stall_s(model: ModelShape, prompt_tokens: int, device: Accelerator, decode_streams: int,
                       decode_context: int, mfu: float) -> float:
     """Seconds a prefill of ``prompt_tokens`` adds to the iterations of ``decode_streams`` streams at
-    ``decode_context`` tokens each: roofline time of the mixed batch minus that of decode alone.
+    ``decode_context`` tokens each: time of the mixed batch minus that of decode alone, FLOPs at
+    ``mfu`` of the device's peak.
 
     The weights are read once for the mixed batch, so a short prompt rides almost free on a
-    memory-bound decode step; FLOPs run at ``mfu`` of the device's peak.
+    memory-bound decode step.
     """
     pre = prefill_cost(model, prompt_tokens)
-    peak = device.peak_flops * mfu
     if decode_streams == 0:
-        return max(pre.flops / peak, pre.bytes / device.memory_bandwidth)
+        return _mixed_iteration_s(model, device, mfu, None, pre)
     dec = decode_cost(model, decode_context, decode_streams)
-    alone = max(dec.flops / peak, dec.bytes / device.memory_bandwidth)
-    mixed_bytes = dec.bytes + pre.bytes - model.weight_bytes
-    mixed = max((dec.flops + pre.flops) / peak, mixed_bytes / device.memory_bandwidth)
-    return mixed - alone
+    return _mixed_iteration_s(model, device, mfu, dec, pre) - device.seconds(dec.flops, dec.bytes, mfu)
 
 
 def disaggregation_estimate(model: ModelShape, prompt_tokens: int, device: Accelerator, link_bandwidth: float,
@@ -334,13 +434,11 @@ def disaggregation_estimate(model: ModelShape, prompt_tokens: int, device: Accel
     if not isinstance(device, Accelerator):
         raise TypeError(f"device must be an Accelerator, got {type(device).__name__}")
     p = require_int("prompt_tokens", prompt_tokens, 1)
-    bw = _num("link_bandwidth", link_bandwidth, strict=True)
-    lat = _num("link_latency_s", link_latency_s)
+    bw = require_real("link_bandwidth", link_bandwidth, 0, strict_min=True)
+    lat = require_real("link_latency_s", link_latency_s, 0)
     streams = require_int("decode_streams", decode_streams, 0)
     ctx = require_int("decode_context", decode_context, 1)
-    u = _num("mfu", mfu, strict=True)
-    if u > 1:
-        raise ValueError(f"mfu must be in (0, 1], got {mfu}")
+    u = _mfu(mfu)
     kv = p * kv_bytes_per_token(model.n_layers, model.n_kv_heads, model.head_dim, model.bytes_per_elem)
     stall = colocated_stall_s(model, p, device, streams, ctx, u)
     return DisaggregationEstimate(p, kv, lat + kv / bw, stall, streams)
@@ -357,6 +455,65 @@ def disaggregation_break_even_bandwidth(model: ModelShape, prompt_tokens: int, d
                                     decode_context, mfu)
     margin = probe.saved_s - link_latency_s
     return probe.kv_bytes / margin if margin > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class PrefillPlacement:
+    """What one prompt's prefill costs the new request and the decode streams it meets (seconds).
+
+    ``ttft_s``: from the start of the prefill to the first token, the KV transfer included when
+    disaggregated. ``worst_gap_s``: the longest iteration the decode streams wait through meanwhile,
+    their worst inter-token latency. ``stream_delay_s``: the decode time lost, summed over the
+    streams, against iterations of decode alone. ``iterations``: passes the prefill takes.
+    """
+
+    strategy: str
+    iterations: int
+    ttft_s: float
+    worst_gap_s: float
+    stream_delay_s: float
+
+
+PLACEMENTS = ("co-located", "co-located, chunked", "disaggregated")
+
+
+def _chunked_iterations(model: ModelShape, prompt_tokens: int, chunk_tokens: int, device: Accelerator,
+                        mfu: float, decode: PhaseCost) -> list[float]:
+    """Seconds of each iteration that carries one prefill chunk next to the decode batch."""
+    return [_mixed_iteration_s(model, device, mfu, decode,
+                               prefill_chunk_cost(model, o, min(chunk_tokens, prompt_tokens - o)))
+            for o in range(0, prompt_tokens, chunk_tokens)]
+
+
+def compare_prefill_placements(model: ModelShape, prompt_tokens: int, device: Accelerator, *, decode_streams: int,
+                               decode_context: int, mfu: float, chunk_tokens: int, link_bandwidth: float,
+                               link_latency_s: float) -> tuple[PrefillPlacement, ...]:
+    """One prompt's prefill three ways, on ``device`` at model-FLOP utilisation ``mfu``:
+
+    * co-located: the whole prompt joins one iteration of the ``decode_streams`` streams;
+    * co-located, chunked: ``chunk_tokens`` prompt tokens per iteration next to the streams, each
+      chunk attending to the chunks before it;
+    * disaggregated: a prefill node runs it alone, then its KV crosses the link (latency + bytes /
+      ``link_bandwidth``) before decoding; the decode node's iterations stay decode-only.
+
+    Decode streams hold ``decode_context`` cached tokens each (their growth during the prefill is ignored).
+    """
+    streams = require_int("decode_streams", decode_streams, 1)
+    est = disaggregation_estimate(model, prompt_tokens, device, link_bandwidth, link_latency_s, streams,
+                                  decode_context, mfu)
+    c = require_int("chunk_tokens", chunk_tokens, 1)
+    dec = decode_cost(model, decode_context, streams)
+    alone = device.seconds(dec.flops, dec.bytes, mfu)
+    whole = alone + est.stall_s
+    chunks = _chunked_iterations(model, prompt_tokens, c, device, mfu, dec)
+    pre = prefill_cost(model, prompt_tokens)
+    solo = device.seconds(pre.flops, pre.bytes, mfu)
+    return (
+        PrefillPlacement(PLACEMENTS[0], 1, whole, whole, est.saved_s),
+        PrefillPlacement(PLACEMENTS[1], len(chunks), sum(chunks), max(chunks),
+                         streams * (sum(chunks) - len(chunks) * alone)),
+        PrefillPlacement(PLACEMENTS[2], 1, solo + est.transfer_s, alone, 0.0),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -426,7 +583,7 @@ class AdapterArtifact:
             raise ValueError(f"name must be a non-empty str, got {self.name!r}")
         require_int("version", self.version, 1)
         require_int("size_bytes", self.size_bytes, 1)
-        _num("published_ms", self.published_ms)
+        require_real("published_ms", self.published_ms, 0)
 
     @property
     def key(self) -> AdapterKey:
@@ -575,8 +732,8 @@ class LoadCosts:
 
     def __post_init__(self) -> None:
         for name in ("storage_bytes_per_ms", "h2d_bytes_per_ms", "hash_bytes_per_ms"):
-            _num(name, getattr(self, name), strict=True)
-        _num("setup_ms", self.setup_ms)
+            require_real(name, getattr(self, name), 0, strict_min=True)
+        require_real("setup_ms", self.setup_ms, 0)
 
 
 @dataclass(frozen=True)
@@ -595,11 +752,11 @@ class AdapterRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
             raise ValueError(f"request_id must be a non-empty str, got {self.request_id!r}")
-        _num("arrival_ms", self.arrival_ms)
-        _num("service_ms", self.service_ms, strict=True)
+        require_real("arrival_ms", self.arrival_ms, 0)
+        require_real("service_ms", self.service_ms, 0, strict_min=True)
         for name in ("cancel_after_ms", "deadline_ms"):
             if getattr(self, name) is not None:
-                _num(name, getattr(self, name))
+                require_real(name, getattr(self, name), 0)
 
 
 @dataclass(frozen=True)
@@ -810,10 +967,10 @@ def adapter_workload(num_requests: int, adapters: Sequence[str], *, mean_gap_ms:
     n = require_int("num_requests", num_requests, 1)
     if not adapters:
         raise ValueError("adapters must name at least one adapter")
-    gap = _num("mean_gap_ms", mean_gap_ms, strict=True)
-    service = _num("service_ms", service_ms, strict=True)
-    s = _num("skew", skew)
-    c = _num("cancel_share", cancel_share)
+    gap = require_real("mean_gap_ms", mean_gap_ms, 0, strict_min=True)
+    service = require_real("service_ms", service_ms, 0, strict_min=True)
+    s = require_real("skew", skew, 0)
+    c = require_real("cancel_share", cancel_share, 0)
     if c > 1:
         raise ValueError(f"cancel_share must be in [0, 1], got {cancel_share}")
     rng = random.Random(seed)

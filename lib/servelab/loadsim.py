@@ -7,7 +7,8 @@ of the run, no wall clock), so every result is exact and repeatable. Two experim
   lengths; :func:`simulate_server` serves them with continuous batching (FCFS, a fixed number of
   slots, one iteration costs a fixed overhead plus a cost per processed token) and returns one
   :class:`servelab.metrics.RequestTiming` per request, so throughput, SLO attainment and goodput all
-  come from :mod:`servelab.metrics`.
+  come from :mod:`servelab.metrics`. :func:`load_sweep` repeats that for several seeds per rate and
+  keeps one :class:`servelab.metrics.WindowReport` per run.
 * **Coordinated omission.** :func:`run_benchmark` sends planned requests to a FIFO single-worker
   server that makes no progress during a stall (:func:`finish_time`), closed-loop or open-loop, and
   returns send and finish times. Latency measured from the actual send (closed loop) hides the stall;
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from servelab._validate import require_int, require_real
-from servelab.metrics import RequestTiming
+from servelab.metrics import Band, RequestTiming, WindowReport, band, percentile, window_report
 
-__all__ = ["Job", "finish_time", "poisson_jobs", "run_benchmark", "simulate_server"]
+__all__ = ["Job", "SweepPoint", "finish_time", "load_sweep", "poisson_jobs", "run_benchmark",
+           "simulate_server"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,62 @@ def simulate_server(jobs: list[Job], max_batch: int = 16, overhead_s: float = 0.
         done += [RequestTiming(job.arrival, start, tuple(emits), emits[-1], job.prompt_tokens)
                  for job, start, emits in finished]
     return done
+
+
+SWEEP_QUANTITIES = ("completion_rate", "output_tokens_per_s", "attainment", "goodput", "open_at_close",
+                    "p90_ttft_s")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One offered rate of a load sweep: one run per seed, each a WindowReport over its window.
+
+    ``p90_ttft_s`` holds each run's 90th-percentile TTFT (s) over the same population as its report
+    (the requests finished inside the window).
+    """
+
+    rate: float
+    seeds: tuple[int, ...]
+    reports: tuple[WindowReport, ...]
+    p90_ttft_s: tuple[float, ...]
+
+    def band(self, quantity: str) -> Band:
+        """Mean and min-max over the seeds of a quantity named in ``SWEEP_QUANTITIES``."""
+        if quantity not in SWEEP_QUANTITIES:
+            raise ValueError(f"quantity must be one of {SWEEP_QUANTITIES}, got {quantity!r}")
+        if quantity == "p90_ttft_s":
+            return band(list(self.p90_ttft_s))
+        return band([float(getattr(r, quantity)) for r in self.reports])
+
+
+def _sweep_run(rate: float, seed: int, duration_s: float, slo: tuple[float, float],
+               server: dict) -> tuple[WindowReport, float]:
+    records = simulate_server(poisson_jobs(rate, duration_s, seed), **server)
+    report = window_report(records, *slo, (0.0, duration_s))
+    finished = [r.ttft for r in records if r.finish <= duration_s] or [0.0]
+    return report, percentile(finished, 90).value
+
+
+def load_sweep(rates: list[float], seeds: list[int], duration_s: float, ttft_slo: float,
+               tpot_slo: float, **server: float) -> list[SweepPoint]:
+    """Simulate every offered rate (requests/s) once per seed for ``duration_s`` seconds.
+
+    Each run feeds :func:`poisson_jobs` (rate, duration, seed) to :func:`simulate_server`
+    (``server`` holds its keyword arguments) and counts the requests finished inside
+    ``[0, duration_s]`` against the SLOs (TTFT <= ``ttft_slo`` s, TPOT <= ``tpot_slo`` s/token).
+    """
+    if not isinstance(rates, (list, tuple)) or not rates:
+        raise ValueError("rates must be a non-empty list of offered rates (requests/s)")
+    if not isinstance(seeds, (list, tuple)) or not seeds:
+        raise ValueError("seeds must be a non-empty list of ints >= 0")
+    seeds = [require_int("seeds[i]", s, 0) for s in seeds]
+    slo = (require_real("ttft_slo", ttft_slo, 0.0), require_real("tpot_slo", tpot_slo, 0.0))
+    points = []
+    for rate in rates:
+        runs = [_sweep_run(rate, s, duration_s, slo, server) for s in seeds]
+        points.append(SweepPoint(rate, tuple(seeds), tuple(r for r, _ in runs),
+                                 tuple(p for _, p in runs)))
+    return points
 
 
 # --- coordinated omission -------------------------------------------------------------------------

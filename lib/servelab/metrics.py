@@ -1,5 +1,8 @@
 """Serving metrics (TTFT, ITL, TPOT, throughput, SLO attainment, goodput) and the roofline.
 
+Load tests count completions, attainment and goodput over one population (:func:`window_report`)
+and summarise repeated runs as a mean with a min-max band (:func:`band`).
+
 System boundary: every timestamp passed in must be taken at the same place -- for example at the
 server's streaming layer, or at the client -- because TTFT measured at the client also contains
 network transit and the gateway. Times are in seconds unless the caller uses another unit
@@ -34,8 +37,12 @@ __all__ = [
     "meets_slo",
     "slo_attainment",
     "goodput",
+    "WindowReport",
+    "window_report",
     "Percentile",
     "percentile",
+    "Band",
+    "band",
     "ridge_point",
     "attainable_flops",
     "ModelShape",
@@ -58,19 +65,30 @@ def _require_emit_times(emit_times: object, minimum_count: int = 1) -> list:
     return times
 
 
+def _ttft(arrival: float, times: Sequence[float]) -> float:
+    return times[0] - arrival
+
+
+def _itl(times: Sequence[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def _tpot(times: Sequence[float]) -> float:
+    return (times[-1] - times[0]) / (len(times) - 1)
+
+
 def ttft(arrival: float, emit_times: Sequence[float]) -> float:
     """Time to first token: first emit instant minus arrival (seconds)."""
     require_real("arrival", arrival, -math.inf)
     times = _require_emit_times(emit_times)
     if times[0] < arrival:
         raise ValueError("emit_times[0] must not precede arrival")
-    return times[0] - arrival
+    return _ttft(arrival, times)
 
 
 def itl(emit_times: Sequence[float]) -> list[float]:
     """Inter-token latencies ITL_j = t_j - t_(j-1), one per token after the first (seconds)."""
-    times = _require_emit_times(emit_times)
-    return [b - a for a, b in zip(times, times[1:])]
+    return _itl(_require_emit_times(emit_times))
 
 
 def tpot(emit_times: Sequence[float]) -> float:
@@ -78,8 +96,7 @@ def tpot(emit_times: Sequence[float]) -> float:
 
     Defined only for N_out >= 2; it is not total latency divided by the token count.
     """
-    times = _require_emit_times(emit_times, minimum_count=2)
-    return (times[-1] - times[0]) / (len(times) - 1)
+    return _tpot(_require_emit_times(emit_times, minimum_count=2))
 
 
 def e2e_identity_holds(arrival: float, emit_times: Sequence[float], tol: float = 1e-9) -> bool:
@@ -124,18 +141,20 @@ class RequestTiming:
     def queue_delay(self) -> float:
         return self.first_scheduled - self.arrival
 
+    # emit_times was checked once in __post_init__; the properties do not check it again
+
     @property
     def ttft(self) -> float:
-        return ttft(self.arrival, self.emit_times)
+        return _ttft(self.arrival, self.emit_times)
 
     @property
     def itl(self) -> list:
-        return itl(self.emit_times)
+        return _itl(self.emit_times)
 
     @property
     def tpot(self) -> float | None:
         """TPOT in seconds/token, or None when the request emitted a single token."""
-        return tpot(self.emit_times) if self.output_tokens >= 2 else None
+        return _tpot(self.emit_times) if self.output_tokens >= 2 else None
 
     @property
     def e2e(self) -> float:
@@ -205,7 +224,11 @@ def meets_slo(record: RequestTiming, ttft_slo: float, tpot_slo: float, deadline:
 def slo_attainment(
     records: Sequence[RequestTiming], ttft_slo: float, tpot_slo: float, deadline: float | None = None
 ) -> float:
-    """Fraction (0..1, dimensionless) of requests meeting every SLO: N_slo / N_total."""
+    """Fraction (0..1, dimensionless) of requests meeting every SLO: N_slo / N_total.
+
+    The population is every record passed in; :func:`goodput` counts only those finished inside its
+    window. For a load test use :func:`window_report`, which takes both over one population.
+    """
     recs = _require_records(records)
     return sum(meets_slo(r, ttft_slo, tpot_slo, deadline) for r in recs) / len(recs)
 
@@ -229,6 +252,60 @@ def goodput(
     good = [r for r in _completed_in(recs, (start, end)) if meets_slo(r, ttft_slo, tpot_slo, deadline)]
     amount = len(good) if unit == "requests" else sum(r.output_tokens for r in good)
     return amount / (end - start)
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """Completions, SLO attainment and goodput over ONE population: the requests finished in a window.
+
+    ``completed`` requests finished inside the window (``span_s`` seconds long), ``met`` of them met
+    every SLO, and they emitted ``output_tokens`` tokens. ``open_at_close`` requests arrived before
+    the window's end but finished after it: they belong to no count here, and under overload they
+    are the latest of all, so ``attainment`` is then an upper bound for the offered work. Because
+    the three rates share one population, ``goodput == attainment * completion_rate`` exactly.
+    """
+
+    span_s: float
+    completed: int
+    met: int
+    output_tokens: int
+    open_at_close: int
+
+    @property
+    def completion_rate(self) -> float:
+        """Requests finished per second inside the window."""
+        return self.completed / self.span_s
+
+    @property
+    def attainment(self) -> float:
+        """Fraction of the completed requests that met every SLO (0 when none completed)."""
+        return self.met / self.completed if self.completed else 0.0
+
+    @property
+    def goodput(self) -> float:
+        """SLO-meeting requests finished per second inside the window (a rate)."""
+        return self.met / self.span_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.span_s
+
+
+def window_report(
+    records: Sequence[RequestTiming],
+    ttft_slo: float,
+    tpot_slo: float,
+    window: tuple[float, float],
+    deadline: float | None = None,
+) -> WindowReport:
+    """Count the requests finished inside ``window`` = (start, end) seconds and those meeting every
+    SLO (TTFT <= ``ttft_slo``, TPOT <= ``tpot_slo``, e2e <= ``deadline`` if given, in seconds)."""
+    recs = _require_records(records)
+    start, end = _require_window(window)
+    done = _completed_in(recs, (start, end))
+    met = sum(meets_slo(r, ttft_slo, tpot_slo, deadline) for r in done)
+    still_open = sum(r.arrival <= end < r.finish for r in recs)
+    return WindowReport(end - start, len(done), met, sum(r.output_tokens for r in done), still_open)
 
 
 @dataclass(frozen=True)
@@ -259,6 +336,40 @@ def percentile(values: Sequence[float], q: float) -> Percentile:
     if not enough:
         warnings.warn(f"p{q:g} from only {data.size} samples is not a tail measurement", stacklevel=2)
     return Percentile(q, float(np.percentile(data, q)), int(data.size), bool(enough))
+
+
+@dataclass(frozen=True)
+class Band:
+    """The spread of one quantity over ``n`` repeated runs (for example one per random seed).
+
+    ``mean`` is the average, ``low`` and ``high`` the smallest and largest run: the band a figure
+    shades. Two bands that overlap do not support a claim that one value is above the other.
+    """
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    def relation_to(self, other: "Band") -> str:
+        """``"above"`` or ``"below"`` when the two bands are disjoint, else ``"overlaps"``."""
+        if not isinstance(other, Band):
+            raise TypeError(f"other must be a Band, got {type(other).__name__}")
+        if self.low > other.high:
+            return "above"
+        if self.high < other.low:
+            return "below"
+        return "overlaps"
+
+
+def band(values: Sequence[float]) -> Band:
+    """Mean, minimum and maximum of ``values`` (one per run, at least one, all finite)."""
+    if not isinstance(values, (list, tuple, np.ndarray)):
+        raise TypeError("values must be a list, tuple or array of numbers")
+    data = np.asarray(values, dtype=float)
+    if data.ndim != 1 or data.size == 0 or not np.all(np.isfinite(data)):
+        raise ValueError("values must be a non-empty 1-D sequence of finite numbers")
+    return Band(float(data.mean()), float(data.min()), float(data.max()), int(data.size))
 
 
 # --- roofline -------------------------------------------------------------------------------------

@@ -10,13 +10,18 @@ enumeration). ``p`` and ``q`` must be the distributions *after* the request's sa
 (temperature, filters, penalties): at temperature 0 both are one-hot and the rule reduces to "keep
 the draft token while it equals the target's argmax", so the output is the target's greedy output.
 
-*The decoder* (:func:`speculative_generate`) runs a real target and draft
-:class:`~servelab.model.LlamaForCausalLM` pair. Each model keeps one sequence's K/V in a
+*The decoder* (:func:`speculative_generate`) runs a real target with one of two proposers: a draft
+:class:`~servelab.model.LlamaForCausalLM`, or :class:`PromptLookupProposer` (prompt-lookup, or n-gram,
+drafting: no second model; the drafts are the tokens that followed the latest earlier occurrence of
+the sequence's last n-gram). A deterministic proposer drafts from a one-hot ``q``, so the same rule
+applies unchanged: keep ``x`` with probability ``p(x)``, otherwise draw from ``p`` with ``x`` removed
+and renormalised. Each model keeps one sequence's K/V in a
 :class:`KVSession`, a single-sequence user of the engine's paged pool and paged attention backend
 (``servelab.engine.attention``), so there is no second attention implementation here. Per cycle the
 bookkeeping keeps three counts apart, as a serving scheduler must:
 
-* *verified*: drafted tokens the target scored (``k`` per cycle, fewer near ``max_new_tokens``);
+* *verified*: drafted tokens the target scored (``k`` per cycle, fewer near ``max_new_tokens`` or when
+  the n-gram proposer finds fewer);
 * *emitted*: tokens appended to the output (accepted drafts plus one correction or bonus token);
 * *KV increment*: K/V entries written by the verify pass, split into *committed* (kept: they belong
   to emitted tokens) and *rolled back* (written for rejected drafts, then discarded by moving the
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from servelab._validate import require_int
 from servelab.engine.attention import KVCache, PagedAttention, build_metadata
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling import SamplingParams, _check_probs, next_token_distribution, sample
@@ -42,6 +48,7 @@ from servelab.sampling import SamplingParams, _check_probs, next_token_distribut
 __all__ = [
     "CycleRecord",
     "KVSession",
+    "PromptLookupProposer",
     "SpeculativeResult",
     "Verdict",
     "acceptance_probability",
@@ -220,6 +227,43 @@ class KVSession:
 
 
 # --------------------------------------------------------------------------------------------------
+# Prompt-lookup (n-gram) drafting
+# --------------------------------------------------------------------------------------------------
+
+
+class PromptLookupProposer:
+    """Draft by copying: find the sequence's last ``n``-gram earlier in the sequence (prompt and output so
+    far) and propose the tokens that followed it there.
+
+    ``n`` runs from ``max_ngram`` down to ``min_ngram``; the first ``n`` with an earlier occurrence wins,
+    and of its occurrences the latest one. No match proposes nothing, and the cycle is a plain decode
+    step. It costs no forward pass and keeps no K/V: on text that repeats itself (code edits, quoting
+    the prompt, a model stuck in a loop) it drafts well, elsewhere it mostly proposes nothing.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.min_ngram = require_int("min_ngram", min_ngram, minimum=1)
+        self.max_ngram = require_int("max_ngram", max_ngram, minimum=min_ngram)
+
+    def propose(self, sequence: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` drafted token ids after ``sequence`` (possibly none)."""
+        require_int("k", k, minimum=0)
+        tokens = list(sequence)
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            tail = tokens[-n:]
+            for start in range(len(tokens) - n - 1, -1, -1):  # latest earlier occurrence first
+                if tokens[start:start + n] == tail:
+                    return tokens[start + n:start + n + k]
+        return []
+
+
+def _one_hot(token: int, size: int) -> np.ndarray:
+    q = np.zeros(size)
+    q[token] = 1.0
+    return q
+
+
+# --------------------------------------------------------------------------------------------------
 # Decoders
 # --------------------------------------------------------------------------------------------------
 
@@ -339,37 +383,59 @@ def _draft(session: KVSession, sequence: list[int], k: int, params: SamplingPara
     return tokens, probs, session.length - start
 
 
-def speculative_generate(target: LlamaForCausalLM, draft: LlamaForCausalLM, prompt_ids: Sequence[int],
-                         k: int, params: SamplingParams, rng: np.random.Generator, max_new_tokens: int,
-                         eos_token_id: int | None = None, reuse_cache: bool = True) -> SpeculativeResult:
-    """Generate up to ``max_new_tokens`` tokens, ``k`` drafted tokens per target verify pass.
-
-    Every emitted token is distributed as the target's :func:`~servelab.sampling.next_token_distribution`
-    under ``params``; with ``temperature=0`` the output equals the target's greedy output. Generation
-    stops after ``eos_token_id`` (included) or ``max_new_tokens``. The first verify pass also prefills
-    the prompt into the target; the draft prefills on its first drafting step. ``reuse_cache=False``
-    makes both models recompute the whole sequence at every pass (speculation without a KV cache).
-    """
-    for name, model in (("target", target), ("draft", draft)):
-        if not isinstance(model, LlamaForCausalLM):
-            raise TypeError(f"{name} must be a LlamaForCausalLM, got {type(model).__name__}")
-    prompt = _check_request(prompt_ids, max_new_tokens, params, rng, target.config.vocab_size)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k (the draft length) must be an int >= 1, got {k!r}")
+def _check_pair(target: LlamaForCausalLM, draft: LlamaForCausalLM | PromptLookupProposer) -> None:
+    if not isinstance(target, LlamaForCausalLM):
+        raise TypeError(f"target must be a LlamaForCausalLM, got {type(target).__name__}")
+    if isinstance(draft, PromptLookupProposer):
+        return
+    if not isinstance(draft, LlamaForCausalLM):
+        raise TypeError(f"draft must be a LlamaForCausalLM or a PromptLookupProposer, got {type(draft).__name__}")
     if target.config.vocab_size != draft.config.vocab_size:
         raise ValueError(f"draft vocabulary ({draft.config.vocab_size}) differs from the target's "
                          f"({target.config.vocab_size}): the draft must share the target's tokenizer")
+
+
+def _propose(draft: LlamaForCausalLM | PromptLookupProposer, draft_kv: KVSession | None, sequence: list[int],
+             k: int, params: SamplingParams, prompt: list[int], out: list[int], rng: np.random.Generator,
+             vocab_size: int) -> tuple[list[int], list[np.ndarray], int]:
+    """Up to ``k`` drafts, the distributions they were drawn from, and the draft K/V entries written."""
+    if k == 0:
+        return [], [], 0
+    if draft_kv is None:  # a deterministic proposer drafts from a one-hot q
+        tokens = draft.propose(sequence, k)
+        return tokens, [_one_hot(t, vocab_size) for t in tokens], 0
+    return _draft(draft_kv, sequence, k, params, prompt, out, rng)
+
+
+def speculative_generate(target: LlamaForCausalLM, draft: LlamaForCausalLM | PromptLookupProposer,
+                         prompt_ids: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                         max_new_tokens: int, eos_token_id: int | None = None,
+                         reuse_cache: bool = True) -> SpeculativeResult:
+    """Generate up to ``max_new_tokens`` tokens, at most ``k`` drafted tokens per target verify pass.
+
+    ``draft`` is a draft model sharing the target's tokenizer, or a :class:`PromptLookupProposer`.
+    Every emitted token is distributed as the target's :func:`~servelab.sampling.next_token_distribution`
+    under ``params``; with ``temperature=0`` the output equals the target's greedy output. Generation
+    stops after ``eos_token_id`` (included) or ``max_new_tokens``. The first verify pass also prefills
+    the prompt into the target; a draft model prefills on its first drafting step. ``reuse_cache=False``
+    makes the models recompute the whole sequence at every pass (speculation without a KV cache).
+    """
+    _check_pair(target, draft)
+    prompt = _check_request(prompt_ids, max_new_tokens, params, rng, target.config.vocab_size)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (the draft length) must be an int >= 1, got {k!r}")
     # a verify pass never runs past the last position to emit: k shrinks near max_new_tokens
     positions = len(prompt) + max_new_tokens
     target_kv = _session(target, "target", positions, reuse_cache)
-    draft_kv = _session(draft, "draft", positions, reuse_cache)
+    draft_kv = None if isinstance(draft, PromptLookupProposer) else _session(draft, "draft", positions, reuse_cache)
     result = SpeculativeResult()
     sequence = list(prompt)
     while len(result.tokens) < max_new_tokens:
         n = len(sequence)
         k_cycle = min(k, max_new_tokens - len(result.tokens) - 1)
-        drafts, q_rows, draft_written = (_draft(draft_kv, sequence, k_cycle, params, prompt, result.tokens, rng)
-                                         if k_cycle else ([], [], 0))
+        drafts, q_rows, draft_written = _propose(draft, draft_kv, sequence, k_cycle, params, prompt, result.tokens,
+                                                 rng, target.config.vocab_size)
+        k_cycle = len(drafts)
         catch_up = sequence[target_kv.length:]
         logits = target_kv.extend(catch_up + drafts, k_cycle + 1)
         p_rows = [_distribution(logits[i], params, prompt, result.tokens + drafts[:i]) for i in range(k_cycle + 1)]
@@ -385,7 +451,8 @@ def speculative_generate(target: LlamaForCausalLM, draft: LlamaForCausalLM, prom
         result.tokens += emitted
         # keep K/V only for positions whose token is now part of the sequence (all but the newest)
         target_dropped = target_kv.rollback(len(sequence) - 1)
-        draft_dropped = draft_kv.rollback(min(draft_kv.length, n + min(verdict.accepted, len(emitted))))
+        draft_dropped = (draft_kv.rollback(min(draft_kv.length, n + min(verdict.accepted, len(emitted))))
+                         if draft_kv is not None else 0)
         result.cycles.append(CycleRecord(
             verified=k_cycle, accepted=verdict.accepted, emitted=len(emitted),
             target_kv_written=len(catch_up) + k_cycle, target_kv_rolled_back=target_dropped,

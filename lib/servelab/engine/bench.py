@@ -1,6 +1,11 @@
 """Engine benchmark: side by side in one process, on the same weights.
 
-``python -m servelab.engine.bench [--quick] [--out PATH] [--model DIR]``
+``python -m servelab.engine.bench [--quick] [--out PATH] [--model DIR] [--device {cpu,cuda}]
+[--dtype {float32,bfloat16}]``
+
+Device and dtype follow :func:`servelab.device.pick_device` (CPU + float32 unless a GPU is present, or
+``SERVELAB_DEVICE`` / ``SERVELAB_DTYPE`` say otherwise); every system runs the same weights there, and
+the result records what it really ran on.
 
 Sections (every figure is measured here, in this process, one after the other):
 
@@ -34,11 +39,11 @@ import random
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from servelab.device import DTYPES, describe_device, dtype_name, pick_device
 from servelab.engine.config import EngineConfig
 from servelab.engine.engine import LLMEngine
 from servelab.engine.reference import reference_generate
@@ -46,24 +51,29 @@ from servelab.model import load_checkpoint, load_tokenizer, save_checkpoint
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling import SamplingParams
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "engine_bench_cpu.json"
-# Repeated runs replay the same prompts: with the prefix cache on, every repeat after the first would skip
-# its prefill, an advantage the baselines do not get. Only the prefix-cache section turns it on.
-NO_REUSE = EngineConfig(enable_prefix_caching=False)
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+DEFAULT_OUT = DATA_DIR / "engine_bench_cpu.json"
 
 
-def hardware() -> dict:
-    """CPU model, core count, torch version, thread count and the machine's load when this run began."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "device": "cpu", "dtype": "float32", "python": platform.python_version(),
+def default_out(device: torch.device) -> Path:
+    """Where a run on ``device`` saves by default: ``data/engine_bench_cpu.json`` or ``..._cuda.json``."""
+    return DATA_DIR / f"engine_bench_{device.type}.json"
+
+
+def engine_config(model: LlamaForCausalLM, **overrides) -> EngineConfig:
+    """Engine settings on the model's own device and dtype, prefix cache off unless ``overrides`` turn it
+    on: repeated runs replay the same prompts, and with the cache on every repeat after the first would
+    skip its prefill, an advantage the baselines do not get. Only the prefix-cache section turns it on."""
+    weight = model.lm_head.weight
+    return EngineConfig(**({"device": str(weight.device), "dtype": dtype_name(weight.dtype),
+                            "enable_prefix_caching": False} | overrides))
+
+
+def hardware(device: torch.device, dtype: torch.dtype) -> dict:
+    """What this run ran on: device (and the GPU's name and CUDA version on one), dtype, CPU model, core
+    count, torch version, thread count and the machine's load when the run began."""
+    return {**describe_device(device), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "dtype": dtype_name(dtype), "python": platform.python_version(),
             "load_average_1m_at_start": os.getloadavg()[0]}  # other work on the machine skews wall times
 
 
@@ -104,21 +114,22 @@ def skewed_lengths(rng: random.Random, count: int, short: tuple[int, int], long:
 
 
 def to_transformers(model: LlamaForCausalLM):
-    """The same weights as a ``transformers.LlamaForCausalLM`` (fp32, CPU, eval)."""
+    """The same weights as a ``transformers.LlamaForCausalLM``, on the model's device and dtype, eval."""
     import transformers
 
+    weight = model.lm_head.weight
     with tempfile.TemporaryDirectory() as directory:
         save_checkpoint(model, directory)
-        hf = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    return hf.eval()
+        hf = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=weight.dtype)
+    return hf.to(weight.device).eval()
 
 
 @torch.inference_mode()
 def hf_generate(hf, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """``generate`` on one left-padded static batch; returns each row's new tokens."""
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=hf.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)
     out = hf.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                       do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[:, width:].tolist()
@@ -141,7 +152,7 @@ def run_static(engine: LLMEngine, prompts: list[list[int]], lengths: list[int], 
 def bench_batch1(model, tokenizer, hf, rng, new_tokens: int, repeats: int) -> dict:
     """One 32-token prompt, ``new_tokens`` greedy tokens: the three systems, and whether they agree."""
     prompt = random_prompts(rng, 1, 32, 32, model.config.vocab_size)[0]
-    engine = LLMEngine(model, tokenizer, NO_REUSE)
+    engine = LLMEngine(model, tokenizer, engine_config(model))
     engine_ids = list(run_engine(engine, [prompt], [new_tokens])[0].token_ids)
     ref_ids = reference_generate(model, prompt, new_tokens)
     hf_ids = hf_generate(hf, [prompt], new_tokens)[0]
@@ -160,7 +171,7 @@ def bench_skewed(model, tokenizer, hf, rng, count: int, short, long, repeats: in
     prompts = random_prompts(rng, count, 16, 48, model.config.vocab_size)
     lengths = skewed_lengths(rng, count, short, long)
     useful = sum(lengths)
-    engine = LLMEngine(model, tokenizer, replace(NO_REUSE, max_num_seqs=count))
+    engine = LLMEngine(model, tokenizer, engine_config(model, max_num_seqs=count))
     times = compare({"engine": lambda: run_engine(engine, prompts, lengths),
                      "transformers_generate_static": lambda: hf_generate(hf, prompts, max(lengths))}, repeats)
     # the no-cache loop serves the requests one after another; it is slow, so it runs once
@@ -177,7 +188,7 @@ def bench_continuous_vs_static(model, tokenizer, rng, count: int, batch: int, sh
     prompts = random_prompts(rng, count, 16, 48, model.config.vocab_size)
     lengths = skewed_lengths(rng, count, short, long)
     rng.shuffle(lengths)
-    engine = LLMEngine(model, tokenizer, replace(NO_REUSE, max_num_seqs=batch))
+    engine = LLMEngine(model, tokenizer, engine_config(model, max_num_seqs=batch))
     times = compare({"continuous": lambda: run_engine(engine, prompts, lengths),
                      "static": lambda: run_static(engine, prompts, lengths, batch)}, repeats)
     return {"requests": count, "batch_slots": batch, "output_tokens": sum(lengths), "seconds": times,
@@ -194,7 +205,7 @@ def bench_prefix_cache(model, tokenizer, rng, count: int, prefix_len: int, repea
     for caching in (False, True):
         def mean_ttft() -> float:
             """A fresh engine (empty cache) serving the prompts in turn; TTFT averaged from the second."""
-            engine = LLMEngine(model, tokenizer, EngineConfig(enable_prefix_caching=caching))
+            engine = LLMEngine(model, tokenizer, engine_config(model, enable_prefix_caching=caching))
             outs = [run_engine(engine, [p], [4])[0] for p in prompts]  # one after another
             return sum(o.timing.ttft for o in outs[1:]) / (count - 1)  # the first one fills the cache
 
@@ -210,8 +221,8 @@ def bench_chunked_prefill(model, tokenizer, rng, streams: int, long_len: int, ch
     long_prompt = random_prompts(rng, 1, long_len, long_len, vocab)[0]
     result = {"running_streams": streams, "long_prompt_tokens": long_len, "chunk_tokens": chunk}
     for chunked in (False, True):
-        config = EngineConfig(enable_chunked_prefill=chunked, enable_prefix_caching=False,
-                              max_num_batched_tokens=chunk if chunked else model.config.max_position_embeddings)
+        config = engine_config(model, enable_chunked_prefill=chunked,
+                               max_num_batched_tokens=chunk if chunked else model.config.max_position_embeddings)
 
         def measure() -> tuple[float, float]:
             """(max inter-token gap of the streams around the long prompt's wait, the long prompt's TTFT)."""
@@ -246,7 +257,7 @@ def bench_step_cost(model, tokenizer, rng, batch_sizes: tuple[int, ...], context
     vocab = model.config.vocab_size
     step_s: dict[str, float] = {}
     for batch in batch_sizes:
-        engine = LLMEngine(model, tokenizer, replace(NO_REUSE, max_num_seqs=batch))
+        engine = LLMEngine(model, tokenizer, engine_config(model, max_num_seqs=batch))
         best = float("inf")
         for _ in range(repeats):
             for prompt in random_prompts(rng, batch, context, context, vocab):
@@ -267,13 +278,15 @@ def bench_step_cost(model, tokenizer, rng, batch_sizes: tuple[int, ...], context
 # ------------------------------------------------------------------------------------------- driver
 
 
-def run(quick: bool, model_dir: str | None) -> dict:
-    """Every section on the checkpoint in ``model_dir`` (default: the shipped model); a JSON-ready dict."""
+def run(quick: bool, model_dir: str | None, device: str | None = None, dtype: str | None = None) -> dict:
+    """Every section on the checkpoint in ``model_dir`` (default: the shipped model), on ``device`` in
+    ``dtype`` (defaults: :func:`servelab.device.pick_device`); a JSON-ready dict."""
     torch.set_num_threads(1)
-    machine = hardware()
+    where, precision = pick_device(device, dtype)
+    machine = hardware(where, precision)
     torch.manual_seed(0)
     rng = random.Random(0)
-    model = load_checkpoint(model_dir, device="cpu", dtype=torch.float32)
+    model = load_checkpoint(model_dir, device=where, dtype=precision)
     tokenizer = load_tokenizer(model_dir)
     hf = to_transformers(model)
     # every figure is the best of several round-robin runs, to see past bursts of outside load on a
@@ -311,7 +324,8 @@ def targets_met(sections: dict) -> dict[str, dict[str, bool]]:
 def hardware_line(result: dict) -> str:
     """Where a :func:`run` result was measured: every absolute figure is only true on this machine."""
     hw = result["hardware"]
-    return (f"{hw['cpu']}, {hw['cores']} cores, torch {hw['torch']}, {hw['threads']} thread(s), "
+    gpu = f"{hw['gpu']} (CUDA {hw['cuda']}), " if hw.get("gpu") else ""
+    return (f"{gpu}{hw['cpu']}, {hw['cores']} cores, torch {hw['torch']}, {hw['threads']} thread(s), "
             f"{hw['dtype']}, load average {hw['load_average_1m_at_start']:.1f} at start")
 
 
@@ -370,14 +384,24 @@ def main(argv: list[str] | None = None) -> None:
     """Command line: run, print the table, save the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and one repeat (seconds, not minutes)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON result")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write the JSON result (default: data/engine_bench_{cpu,cuda}.json)")
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="where to run (default: SERVELAB_DEVICE, else cuda when present, else cpu)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                        help="weights and KV dtype (default: SERVELAB_DTYPE, else bfloat16 on cuda, float32 on cpu)")
     args = parser.parse_args(argv)
-    result = run(args.quick, args.model)
+    try:
+        where, _ = pick_device(args.device, args.dtype)
+    except ValueError as exc:  # e.g. --device cuda on a machine without a GPU
+        parser.error(str(exc))
+    result = run(args.quick, args.model, args.device, args.dtype)
     print(format_table(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nsaved {args.out}")
+    out = args.out or default_out(where)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nsaved {out}")
 
 
 if __name__ == "__main__":

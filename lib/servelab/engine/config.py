@@ -35,9 +35,10 @@ class EngineConfig:
             under ``max_tokens`` first).
         max_model_len: context limit in tokens (prompt + output); ``None`` uses the model's
             ``max_position_embeddings``.
-        device: torch device string; ``None`` picks CUDA when available, else CPU.
-        dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; ``None`` picks bf16 (or fp16) on CUDA and
-            fp32 on CPU.
+        device: torch device string; ``None`` follows :func:`servelab.device.pick_device` (the
+            ``SERVELAB_DEVICE`` variable, else CUDA when available, else CPU).
+        dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; ``None`` follows ``pick_device``
+            (``SERVELAB_DTYPE``, else bf16 on CUDA and fp32 on CPU).
         seed: seeds the generator that draws a seed for each request that has none.
     """
 

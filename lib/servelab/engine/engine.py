@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from servelab.chat_template import ChatTemplate
 from servelab.engine.config import EngineConfig
 from servelab.engine.model_runner import ModelRunner, resolve_device_dtype
 from servelab.engine.sampler import SamplingRow, sample_tokens
@@ -113,6 +114,17 @@ class RequestOutput:
     samples: tuple[SampleOutput, ...] = ()
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's load between two steps: sequences per scheduler queue, and the fraction of KV blocks
+    in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free)."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    kv_cache_usage: float
+
+
 @dataclass(eq=False)
 class _Sample:
     """One sample's generation state around its scheduler :class:`Sequence` (a request has ``n``)."""
@@ -153,6 +165,8 @@ class _Request:
 class LLMEngine:
     """A small continuous-batching engine over a paged KV cache. See the module docstring."""
 
+    chat_template: ChatTemplate | None = None  # the checkpoint's, set by from_pretrained; None: it has none
+
     def __init__(self, model: LlamaForCausalLM, tokenizer, config: EngineConfig | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if not isinstance(model, LlamaForCausalLM):
@@ -186,18 +200,25 @@ class LLMEngine:
         self._eos = model.config.eos_token_id
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path | None = None, clock: Callable[[], float] = time.perf_counter,
-                        **config) -> "LLMEngine":
-        """Load a Llama checkpoint folder (default: the shipped Shakespeare model) and its tokenizer.
+    def from_pretrained(cls, path_or_id: str | Path | None = None, *, allow_download: bool = False,
+                        device: str | None = None, dtype: str | None = None,
+                        clock: Callable[[], float] = time.perf_counter, **config) -> "LLMEngine":
+        """An engine over a Llama checkpoint folder (default: the shipped Shakespeare model) with its
+        tokenizer and chat template (:attr:`chat_template`), or over a Hugging Face Hub id such as
+        ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` when ``allow_download=True`` (never by default).
 
-        Keyword arguments are :class:`EngineConfig` fields.
+        ``device`` / ``dtype`` default to :func:`servelab.device.pick_device`; other keyword arguments are
+        :class:`EngineConfig` fields. See :mod:`servelab.model.pretrained`.
         """
-        from servelab.model import load_checkpoint, load_tokenizer
+        from servelab.model.pretrained import load_pretrained
 
-        engine_config = EngineConfig(**config)
-        device, dtype = resolve_device_dtype(engine_config)
-        model = load_checkpoint(directory, device=device, dtype=dtype)
-        return cls(model, load_tokenizer(directory), engine_config, clock=clock)
+        engine_config = EngineConfig(device=device, dtype=dtype, **config)
+        where, precision = resolve_device_dtype(engine_config)
+        model, tokenizer, template = load_pretrained(path_or_id, allow_download=allow_download,
+                                                     device=where, dtype=precision)
+        engine = cls(model, tokenizer, engine_config, clock=clock)
+        engine.chat_template = template
+        return engine
 
     # ------------------------------------------------------------------------------------------ API
 
@@ -237,6 +258,11 @@ class LLMEngine:
         self._samples.update((s.seq.seq_id, s) for s in samples)
         self.scheduler.add(samples[0].seq)  # the siblings join when it forks, after its prompt
         return request_id
+
+    def stats(self) -> EngineStats:
+        """Sequences running, waiting and swapped out now, and the KV pool's used fraction."""
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
+                           self.allocator.num_used_blocks / self.allocator.num_blocks)
 
     def has_unfinished(self) -> bool:
         """True while some request has not ended (or an ended one's final output is not yet returned)."""

@@ -15,24 +15,15 @@ from __future__ import annotations
 import torch
 
 from servelab.engine.attention import KVCache, PagedAttention, build_metadata
+from servelab.device import pick_device
 from servelab.engine.config import EngineConfig
 from servelab.lifecycle import SlotPool
 from servelab.model.llama import LlamaForCausalLM
 
 
 def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    """The configured device and dtype, or the defaults: CUDA in bf16 (fp16 if bf16 is unsupported),
-    else CPU in fp32."""
-    try:
-        device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError as exc:
-        raise ValueError(f"device must be a torch device string such as 'cpu' or 'cuda:0', "
-                         f"got {config.device!r}") from exc
-    if config.dtype is not None:
-        return device, getattr(torch, config.dtype)
-    if device.type == "cuda":
-        return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return device, torch.float32
+    """The configured device and dtype, or the course's one rule for them (:func:`servelab.device.pick_device`)."""
+    return pick_device(config.device, config.dtype)
 
 
 class HostSwapSpace(SlotPool):

@@ -1,38 +1,51 @@
 """Checkers for the exercise notebooks: students implement a mechanism, a checker runs hidden cases.
 
-Each ``check_*`` function takes the student's function or class, compares it case by case with the
-reference implementation in ``servelab``, prints which case failed and why, and returns a
-:class:`CheckResult` (``.passed``, ``.failures``, ``.not_implemented``). A checker never raises: the
-stub shipped in a notebook raises ``NotImplementedError``, which is reported as "not implemented yet".
+Each ``check_*`` function takes the student's function(s) or class, compares it case by case with a
+reference built on the library, prints one line per case (the rule it tests, the points, and for a
+failure what went in, what came out, what was expected and the steps that led there), and returns a
+:class:`CheckResult` (``.passed``, ``.failures``, ``.points``, ``.max_points``, ``.not_implemented``).
+A checker never raises: the stub shipped in a notebook raises ``NotImplementedError``, which is
+reported as "not implemented yet". The reference solutions live in the checkers' private module and
+are not exported here. ``python -m servelab.exercises grade SUBMISSIONS_DIR --out grades.csv``
+executes every student's notebooks and writes the points per exercise and per case.
 
-======================  =====================================  ===========================================
-checker                 student writes                         reference
-======================  =====================================  ===========================================
-``check_top_p``         ``top_p(probs, p)``                    ``servelab.sampling.top_p_filter``
-``check_min_p``         ``min_p(probs, alpha)``                ``servelab.sampling.min_p_filter``
-``check_stop_buffer``   class ``StopBuffer(stop_strings)``     ``servelab.streaming.StopStringBuffer``
-``check_block_allocator`` class ``Allocator(num_blocks, bs)``  ``servelab.kv.BlockAllocator``
-``check_batching_tick`` ``tick(running, queue, capacity)``     ``servelab.batching.simulate_batching``
-``check_goodput``       ``goodput(records, ttft, tpot, win)``  ``servelab.metrics.goodput``
-======================  =====================================  ===========================================
+========================  ================================================  ==================================
+checker                   student writes                                    reference built on
+========================  ================================================  ==================================
+``check_top_p``           ``top_p(probs, p)``                               ``servelab.sampling.top_p_filter``
+``check_min_p``           ``min_p(probs, alpha)``                           ``servelab.sampling.min_p_filter``
+``check_stop_buffer``     class ``StopBuffer(stop_strings)``                ``servelab.streaming.StopStringBuffer``
+``check_block_allocator`` class ``Allocator(num_blocks, block_size)``       ``servelab.kv.BlockAllocator``
+``check_batching_tick``   ``tick(running, queue, capacity)``                ``servelab.batching.simulate_batching``
+``check_goodput``         ``goodput(records, ttft, tpot, window)``          ``servelab.metrics.goodput``
+``check_speculative``     ``accept_probability(p, q, token)``, ``residual``  ``servelab.speculative``
+``check_kv_sizing``       ``kv_bytes_per_token(...)``, ``max_requests(...)``  ``servelab.kv``
+``check_admission``       ``admit(queue, pool_blocks, held, bs, slots)``    ``servelab.kv.BlockAllocator.reserve``
+========================  ================================================  ==================================
 """
 
-from servelab.exercises.kv import ReferenceAllocator, check_block_allocator
+from servelab.exercises.admission import check_admission
+from servelab.exercises.catalog import worked_example
+from servelab.exercises.kv import check_block_allocator
 from servelab.exercises.metrics import check_goodput
 from servelab.exercises.result import CaseResult, CheckResult
 from servelab.exercises.sampling import check_min_p, check_top_p
-from servelab.exercises.scheduling import check_batching_tick, reference_tick
+from servelab.exercises.scheduling import check_batching_tick
+from servelab.exercises.sizing import check_kv_sizing
+from servelab.exercises.speculative import check_speculative
 from servelab.exercises.streaming import check_stop_buffer
 
 __all__ = [
     "CaseResult",
     "CheckResult",
-    "ReferenceAllocator",
+    "check_admission",
     "check_batching_tick",
     "check_block_allocator",
     "check_goodput",
+    "check_kv_sizing",
     "check_min_p",
+    "check_speculative",
     "check_stop_buffer",
     "check_top_p",
-    "reference_tick",
+    "worked_example",
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from servelab.exercises.result import CaseFailure, CheckResult, run_cases
+from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 from servelab.metrics import RequestTiming, goodput, slo_attainment
 
 __all__ = ["check_goodput"]
@@ -34,12 +34,17 @@ ONE_TOKEN = _req(3.0, [3.3])               # no TPOT: judged on TTFT only
 LATE = _req(9.0, [9.2, 9.3, 12.0])         # finishes after the window
 EDGE = _req(4.0, [4.5, 4.75, 5.0])         # TTFT and TPOT exactly at the SLO
 
+# (rule, records, ttft_slo, tpot_slo, window, points). Each case isolates one rule: only the case titled
+# for the TPOT rule has a request that meets its TTFT but misses its TPOT.
 GOODPUT_CASES = (
-    ("a rate over a 10 s window, not a fraction", [FAST, SLOW_START, SLOW_TOKENS, ONE_TOKEN], 1.0, 0.2, (0.0, 10.0)),
-    ("a request finishing after the window is not counted", [FAST, LATE], 1.0, 0.2, (0.0, 10.0)),
-    ("a single-token request has no TPOT to miss", [ONE_TOKEN], 0.5, 0.01, (0.0, 4.0)),
-    ("meeting the SLO exactly counts", [EDGE, FAST], 0.5, 0.25, (0.0, 5.0)),
-    ("nothing meets a strict SLO", [SLOW_START, SLOW_TOKENS], 0.05, 0.05, (0.0, 8.0)),
+    ("goodput is a rate over the window (requests/s), not a fraction",
+     [FAST, SLOW_START, ONE_TOKEN], 1.0, 0.2, (0.0, 10.0), 2),
+    ("a request that misses the TTFT SLO does not count", [FAST, SLOW_START], 1.0, 0.2, (0.0, 5.0), 1),
+    ("a request that meets TTFT but misses the TPOT SLO does not count",
+     [FAST, SLOW_TOKENS], 1.0, 0.2, (0.0, 5.0), 2),
+    ("a request finishing after the window is not counted", [FAST, LATE], 1.0, 0.2, (0.0, 10.0), 1),
+    ("a single-token request has no TPOT to miss", [ONE_TOKEN], 0.5, 0.01, (0.0, 4.0), 1),
+    ("meeting the SLO exactly counts", [EDGE, FAST], 0.5, 0.25, (0.0, 5.0), 1),
 )
 
 
@@ -52,13 +57,29 @@ def _compare(fn: Goodput, records: list[RequestTiming], ttft_slo: float, tpot_sl
         attainment = slo_attainment(records, ttft_slo, tpot_slo)
         if isinstance(got, (int, float)) and math.isclose(got, attainment) and not math.isclose(attainment, expected):
             hint = " — that is the SLO attainment fraction; goodput divides by the window length in seconds"
-        raise CaseFailure(f"{call} returned {got!r}, expected {expected:g} requests/s{hint}")
+        inputs = "\n".join(f"  record {i}: {_describe(r)}" for i, r in enumerate(records))
+        raise CaseFailure(f"{call} returned {got!r}, expected {expected:g} requests/s{hint}\n{inputs}")
 
 
 def check_goodput(fn: Goodput, verbose: bool = True) -> CheckResult:
     """Run the hidden goodput cases against ``servelab.metrics.goodput``."""
     cases = [
-        (label, lambda r=records, t=ttft, p=tpot, w=window: _compare(fn, r, t, p, w))
-        for label, records, ttft, tpot, window in GOODPUT_CASES
+        Case(rule, lambda r=records, t=ttft, p=tpot, w=window: _compare(fn, r, t, p, w), points)
+        for rule, records, ttft, tpot, window, points in GOODPUT_CASES
     ]
     return run_cases("goodput", cases, verbose)
+
+
+def _describe(r: RequestTiming) -> str:
+    ttft, gaps = r.emit_times[0] - r.arrival, len(r.emit_times) - 1
+    tpot = f"TPOT {(r.emit_times[-1] - r.emit_times[0]) / gaps:.2f} s" if gaps else "one token"
+    return f"arrival {r.arrival:g} s, TTFT {ttft:.2f} s, {tpot}, finish {r.finish:g} s"
+
+
+def worked_example() -> str:
+    """The TPOT case on the reference: the records, the SLOs and the goodput they give."""
+    _, records, ttft, tpot, window, _ = GOODPUT_CASES[2]
+    lines = [f"  {_describe(r)}" for r in records]
+    value = goodput(records, ttft, tpot, window)
+    return "\n".join([f"records ({len(records)}):", *lines,
+                      f"goodput(records, ttft_slo={ttft}, tpot_slo={tpot}, window={window}) -> {value:.2f} requests/s"])

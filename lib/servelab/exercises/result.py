@@ -1,10 +1,13 @@
-"""Result objects and the case runner shared by every exercise checker.
+"""Cases, results and the case runner shared by every exercise checker.
 
-A checker runs named cases against a student's function or class. Each case compares the student's
-answer with the reference implementation in ``servelab`` and raises :class:`CaseFailure` with a
-sentence saying what differed. The runner turns that into a :class:`CheckResult`, prints a short
-report, and never raises itself: a student stub that still raises ``NotImplementedError`` is reported
-as "not implemented yet", any other exception as a failed case naming it.
+A checker runs hidden :class:`Case` objects against a student's function or class. Each case is
+titled by the *rule* it tests ("a shared block returns only with its last holder"), is worth a number
+of points, and compares the student's answer with the reference; on a difference it raises
+:class:`CaseFailure` with a sentence saying what went in, what came out, what was expected and, for
+a multi-step case, the steps that led there. The runner turns that into a :class:`CheckResult`,
+prints a short report, and never raises itself: a student stub that still raises
+``NotImplementedError`` is reported as "not implemented yet" (every case scores 0), any other
+exception as a failed case naming it.
 """
 
 from __future__ import annotations
@@ -12,11 +15,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["CaseFailure", "CaseResult", "CheckResult", "run_cases"]
+__all__ = ["Case", "CaseFailure", "CaseResult", "CheckResult", "run_cases"]
 
 
 class CaseFailure(AssertionError):
     """A case's answer differs from the reference; the message says how."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One hidden case: ``rule`` is its title (the rule it tests), ``run`` raises on a wrong answer."""
+
+    rule: str
+    run: Callable[[], None]
+    points: int = 1
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,12 @@ class CaseResult:
     name: str
     passed: bool
     detail: str = ""
+    max_points: int = 1
+
+    @property
+    def points(self) -> int:
+        """Points earned: all of ``max_points`` on a pass, none on a failure."""
+        return self.max_points if self.passed else 0
 
 
 @dataclass(frozen=True)
@@ -33,7 +51,8 @@ class CheckResult:
     """Outcome of one checker run.
 
     ``passed`` is True only when the submission is implemented and every case passed.
-    ``not_implemented`` is True when the submission raised ``NotImplementedError`` (the stub as shipped).
+    ``not_implemented`` is True when the submission raised ``NotImplementedError`` (the stub as shipped);
+    ``cases`` then lists every case with 0 points, so a grade sheet still shows what was possible.
     """
 
     exercise: str
@@ -49,37 +68,53 @@ class CheckResult:
         """The cases that failed, in the order they ran."""
         return tuple(c for c in self.cases if not c.passed)
 
+    @property
+    def points(self) -> int:
+        return sum(c.points for c in self.cases)
+
+    @property
+    def max_points(self) -> int:
+        return sum(c.max_points for c in self.cases)
+
     def report(self) -> str:
-        """A few lines a student can act on: one per case, then a summary."""
+        """A few lines a student can act on: one per case (rule, points, what went wrong), then a summary."""
         if self.not_implemented:
-            return f"{self.exercise}: not implemented yet (the stub raises NotImplementedError)."
-        lines = [f"  {'ok  ' if c.passed else 'FAIL'} {c.name}" + (f": {c.detail}" if c.detail else "")
-                 for c in self.cases]
+            return (f"{self.exercise}: not implemented yet (the stub raises NotImplementedError); "
+                    f"0 of {self.max_points} points.")
+        lines = []
+        for c in self.cases:
+            lines.append(f"  {'ok  ' if c.passed else 'FAIL'} [{c.points}/{c.max_points}] rule: {c.name}")
+            lines += [f"         {line}" for line in c.detail.splitlines()]
         verdict = "all cases passed" if self.passed else f"{len(self.failures)} of {len(self.cases)} cases failed"
-        return "\n".join([f"{self.exercise}: {verdict}", *lines])
+        return "\n".join([f"{self.exercise}: {verdict}; {self.points} of {self.max_points} points", *lines])
 
     def __str__(self) -> str:
         return self.report()
 
 
-Case = tuple[str, Callable[[], None]]
+def _outcome(case: Case) -> CaseResult | None:
+    """Run one case; None when the submission is still the stub (NotImplementedError)."""
+    try:
+        case.run()
+    except NotImplementedError:
+        return None
+    except CaseFailure as failure:
+        return CaseResult(case.rule, False, str(failure), case.points)
+    except Exception as exc:  # a student's bug is a failed case, not a crash of the checker
+        return CaseResult(case.rule, False, f"raised {type(exc).__name__}: {exc}", case.points)
+    return CaseResult(case.rule, True, "", case.points)
 
 
 def run_cases(exercise: str, cases: Sequence[Case], verbose: bool = True) -> CheckResult:
     """Run every case, collect the outcomes, print the report when ``verbose``; never raises."""
     results: list[CaseResult] = []
-    for name, case in cases:
-        try:
-            case()
-        except NotImplementedError:
-            result = CheckResult(exercise, tuple(results), not_implemented=True)
+    for case in cases:
+        outcome = _outcome(case)
+        if outcome is None:
+            unscored = tuple(CaseResult(c.rule, False, "not implemented yet", c.points) for c in cases)
+            result = CheckResult(exercise, unscored, not_implemented=True)
             break
-        except CaseFailure as failure:
-            results.append(CaseResult(name, False, str(failure)))
-        except Exception as exc:  # a student's bug is a failed case, not a crash of the checker
-            results.append(CaseResult(name, False, f"raised {type(exc).__name__}: {exc}"))
-        else:
-            results.append(CaseResult(name, True))
+        results.append(outcome)
     else:
         result = CheckResult(exercise, tuple(results))
     if verbose:

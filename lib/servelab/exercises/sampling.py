@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from servelab.exercises.result import CaseFailure, CheckResult, run_cases
+from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 from servelab.sampling import min_p_filter, softmax, top_p_filter
 
 __all__ = ["check_min_p", "check_top_p"]
@@ -22,7 +22,7 @@ __all__ = ["check_min_p", "check_top_p"]
 Filter = Callable[[np.ndarray, float], np.ndarray]
 
 TOP_P_CASES = (
-    ("boundary token is kept", [0.4, 0.3, 0.2, 0.1], 0.65),
+    ("the token whose cumulative mass crosses p is kept", [0.4, 0.3, 0.2, 0.1], 0.65),
     ("cumulative mass lands exactly on p", [0.5, 0.25, 0.25], 0.75),
     ("unsorted input", [0.1, 0.6, 0.3], 0.65),
     ("the top token alone reaches p", [0.9, 0.06, 0.04], 0.5),
@@ -32,7 +32,7 @@ TOP_P_CASES = (
 )
 
 MIN_P_CASES = (
-    ("threshold scales with the top probability", [0.5, 0.3, 0.15, 0.05], 0.3),
+    ("the threshold is alpha times the top probability", [0.5, 0.3, 0.15, 0.05], 0.3),
     ("flat distribution keeps everything", [0.25, 0.25, 0.25, 0.25], 0.9),
     ("peaked distribution keeps one token", [0.05, 0.9, 0.05], 0.1),
     ("alpha = 0 keeps the whole support", [0.6, 0.3, 0.1], 0.0),
@@ -65,8 +65,8 @@ def _compare(name: str, fn: Filter, reference: Filter, probs: list[float], arg: 
 def check_top_p(top_p: Filter, verbose: bool = True) -> CheckResult:
     """Run the hidden top-p cases against ``servelab.sampling.top_p_filter``."""
     cases = [
-        (label, lambda probs=probs, p=p: _compare("top_p", top_p, top_p_filter, probs, "p", p))
-        for label, probs, p in TOP_P_CASES
+        Case(rule, lambda probs=probs, p=p: _compare("top_p", top_p, top_p_filter, probs, "p", p))
+        for rule, probs, p in TOP_P_CASES
     ]
     return run_cases("top-p", cases, verbose)
 
@@ -74,7 +74,20 @@ def check_top_p(top_p: Filter, verbose: bool = True) -> CheckResult:
 def check_min_p(min_p: Filter, verbose: bool = True) -> CheckResult:
     """Run the hidden min-p cases against ``servelab.sampling.min_p_filter``."""
     cases = [
-        (label, lambda probs=probs, a=a: _compare("min_p", min_p, min_p_filter, probs, "alpha", a))
-        for label, probs, a in MIN_P_CASES
+        Case(rule, lambda probs=probs, a=a: _compare("min_p", min_p, min_p_filter, probs, "alpha", a))
+        for rule, probs, a in MIN_P_CASES
     ]
     return run_cases("min-p", cases, verbose)
+
+
+def _rounded(values: np.ndarray) -> list[float]:
+    return [round(float(v), 4) for v in values]
+
+
+def worked_example() -> str:
+    """The first case of each filter on the reference, rounded to 4 decimals."""
+    (_, probs_p, p), (_, probs_m, alpha) = TOP_P_CASES[0], MIN_P_CASES[0]
+    top = top_p_filter(np.array(probs_p), p)
+    low = min_p_filter(np.array(probs_m), alpha)
+    return (f"top_p({probs_p}, p={p}) -> {_rounded(top)}\n"
+            f"min_p({probs_m}, alpha={alpha}) -> {_rounded(low)}")

@@ -9,8 +9,8 @@ Student signature::
 ``(name, tokens_needed)`` pairs, first come first served. One tick (1) moves requests from the head of
 the queue into free slots, (2) lets every running request emit one token, (3) removes the ones that
 now owe nothing. It returns the new ``running``, the new ``queue`` and the names that finished this
-tick, in running order. :func:`reference_tick` is the instructor's solution; the checker also drives
-a submission tick by tick and compares completion times with
+tick, in running order. The checker compares single ticks with the reference (the checkers' private
+module), then drives a submission tick by tick and compares completion times with
 ``servelab.batching.simulate_batching(..., policy="continuous")``.
 """
 
@@ -19,23 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from servelab.batching import Request, simulate_batching
-from servelab.exercises.result import CaseFailure, CheckResult, run_cases
+from servelab.exercises._reference import reference_tick
+from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
-__all__ = ["check_batching_tick", "reference_tick", "run_ticks"]
+__all__ = ["check_batching_tick", "run_ticks"]
 
 Tick = Callable[[dict[str, int], list[tuple[str, int]], int], tuple[dict[str, int], list[tuple[str, int]], list[str]]]
-
-
-def reference_tick(
-    running: dict[str, int], queue: list[tuple[str, int]], capacity: int
-) -> tuple[dict[str, int], list[tuple[str, int]], list[str]]:
-    """One continuous-batching tick: refill free slots, emit one token each, retire finished requests."""
-    free = capacity - len(running)
-    admitted, waiting = queue[:max(free, 0)], list(queue[max(free, 0):])
-    owed = {**running, **dict(admitted)}
-    after = {name: left - 1 for name, left in owed.items()}
-    finished = [name for name, left in after.items() if left == 0]
-    return {n: left for n, left in after.items() if left > 0}, waiting, finished
 
 
 def run_ticks(tick: Tick, requests: list[Request], capacity: int, max_ticks: int = 1_000) -> dict[str, int]:
@@ -85,11 +74,20 @@ def _simulation(tick: Tick, requests: list[Request], capacity: int) -> None:
     expected, _ = simulate_batching(requests, capacity, "continuous")
     got = run_ticks(tick, requests, capacity)
     if got != expected:
-        raise CaseFailure(f"completion ticks {got}, expected {expected} (continuous batching refills freed slots)")
+        arrivals = ", ".join(f"{r.name} at t={r.arrival} needing {r.ticks_needed}" for r in requests)
+        raise CaseFailure(f"requests {arrivals}, {capacity} slots: completion ticks {got}, expected {expected} "
+                          "(continuous batching refills freed slots)")
 
 
 def check_batching_tick(tick: Tick, verbose: bool = True) -> CheckResult:
     """Run the hidden single-tick cases and full simulations against continuous batching."""
-    cases = [(label, lambda a=args, e=exp: _single(tick, a, e)) for label, args, exp in SINGLE_TICKS]
-    cases += [(label, lambda r=reqs, c=cap: _simulation(tick, r, c)) for label, reqs, cap in SIMULATIONS]
+    cases = [Case(rule, lambda a=args, e=exp: _single(tick, a, e)) for rule, args, exp in SINGLE_TICKS]
+    cases += [Case(rule, lambda r=reqs, c=cap: _simulation(tick, r, c), 2) for rule, reqs, cap in SIMULATIONS]
     return run_cases("continuous-batching tick", cases, verbose)
+
+
+def worked_example() -> str:
+    """The second single-tick case on the reference: a freed slot is refilled before the tick runs."""
+    running, queue, capacity = SINGLE_TICKS[1][1]
+    out = reference_tick(dict(running), list(queue), capacity)
+    return f"tick({running}, {queue}, capacity={capacity})\n-> {out}"

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from servelab.exercises.result import CaseFailure, CheckResult, run_cases
+from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 from servelab.streaming import StopStringBuffer
 
 __all__ = ["check_stop_buffer"]
 
 STOP_CASES = (
-    ("stop string split over three chunks", ["###"], ["ok #", "#", "# more"]),
+    ("a stop string split over three chunks is never sent", ["###"], ["ok #", "#", "# more"]),
     ("stop string split inside a tag", ["</s>"], ["Hello", " wor", "ld<", "/", "s>tail"]),
     ("false alarm is released later", ["</s>"], ["a <", "b> c"]),
     ("no match: flush recovers all text", ["STOP"], ["no", " stop", " S", "TO"]),
@@ -36,18 +36,24 @@ def _run_case(buffer_cls: Callable[[list[str]], object], stops: list[str], chunk
     """Feed ``chunks`` to the student's buffer and the reference; raise CaseFailure at the first difference."""
     reference = StopStringBuffer(stops)
     student = buffer_cls(list(stops))
-    sent = ""
+    sent, done = "", []
     for chunk in chunks:
         expected = reference.push(chunk)
         got = student.push(chunk)
         if got != expected:
-            raise CaseFailure(_explain(stops, sent, chunk, expected, got))
+            raise CaseFailure(_explain(stops, sent, chunk, expected, got) + _pushes(done))
         sent += got
+        done.append(f"push({chunk!r}) -> {got!r}")
         if reference.finished:
             return
     expected, got = reference.flush(), student.flush()
     if got != expected:
-        raise CaseFailure(f"stops={stops}: flush() returned {got!r} after sending {sent!r}, expected {expected!r}")
+        raise CaseFailure(f"stops={stops}: flush() returned {got!r} after sending {sent!r}, expected {expected!r}"
+                          + _pushes(done))
+
+
+def _pushes(done: list[str]) -> str:
+    return "\npushes before it: " + ("; ".join(done) if done else "none (it was the first)")
 
 
 def _explain(stops: list[str], sent: str, chunk: str, expected: str, got: object) -> str:
@@ -62,7 +68,19 @@ def _explain(stops: list[str], sent: str, chunk: str, expected: str, got: object
 def check_stop_buffer(buffer_cls: Callable[[list[str]], object], verbose: bool = True) -> CheckResult:
     """Run the hidden streaming cases against ``servelab.streaming.StopStringBuffer``."""
     cases = [
-        (label, lambda stops=stops, chunks=chunks: _run_case(buffer_cls, stops, chunks))
-        for label, stops, chunks in STOP_CASES
+        Case(rule, lambda stops=stops, chunks=chunks: _run_case(buffer_cls, stops, chunks))
+        for rule, stops, chunks in STOP_CASES
     ]
     return run_cases("stop-string buffer", cases, verbose)
+
+
+def worked_example() -> str:
+    """The tag-split case on the reference: what each push returns."""
+    _, stops, chunks = STOP_CASES[1]
+    buffer = StopStringBuffer(stops)
+    lines = [f"stops={stops}"]
+    for chunk in chunks:
+        lines.append(f"push({chunk!r}) -> {buffer.push(chunk)!r}")
+        if buffer.finished:
+            break
+    return "\n".join(lines)

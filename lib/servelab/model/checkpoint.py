@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from servelab.device import pick_device
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM, pack_hf_state, unpack_to_hf_state
 
 CONFIG_FILE = "config.json"
@@ -112,28 +113,15 @@ def check_state_dict(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> None:
         raise ValueError("state dict does not fit the Llama config; " + "; ".join(problems))
 
 
-def default_device() -> torch.device:
-    """CUDA when available, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on CUDA, fp32 elsewhere (bf16 matmuls are slow at batch 1 on CPU)."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
 def load_checkpoint(directory: str | Path | None = None, device: str | torch.device | None = None,
-                    dtype: torch.dtype | None = None) -> LlamaForCausalLM:
+                    dtype: str | torch.dtype | None = None) -> LlamaForCausalLM:
     """Load a Llama-family HF folder (``config.json`` + ``model.safetensors``) in eval mode.
 
-    Defaults: the shipped Shakespeare model, CUDA if available else CPU, bf16 on CUDA else fp32.
-    Weights stored in another dtype are converted to ``dtype``.
+    Defaults: the shipped Shakespeare model; device and dtype from :func:`servelab.device.pick_device`
+    (bf16 on CUDA, else fp32 on the CPU). Weights stored in another dtype are converted to ``dtype``.
     """
     directory = Path(default_model_dir() if directory is None else directory)
-    device = default_device() if device is None else torch.device(device)
-    dtype = default_dtype(device) if dtype is None else dtype
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    device, dtype = pick_device(device, dtype)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (directory / name).is_file():
             raise ValueError(f"directory {directory} has no {name} (only single-file safetensors is read)")

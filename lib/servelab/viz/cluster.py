@@ -112,14 +112,14 @@ def ep_load_figure(loads: Sequence[int], skew: float, cap: float) -> go.Figure:
 
 def disaggregation_figure(model: ModelShape, device: Accelerator, prompts: Sequence[int], *,
                           bandwidth_gbs: float, decode_streams: int, latency_ms: float,
-                          decode_context: int = 1024) -> go.Figure:
+                          decode_context: int = 1024, mfu: float = 0.5) -> go.Figure:
     """Delay removed (stall x streams) and delay added (KV transfer) per prompt length, in ms, log axes.
 
     Link bandwidth in GB/s (1e9 bytes/s), latency in ms; everything else from
-    :func:`servelab.cluster.disaggregation_estimate`.
+    :func:`servelab.cluster.disaggregation_estimate` (compute at model-FLOP utilisation ``mfu``).
     """
     est = [disaggregation_estimate(model, p, device, bandwidth_gbs * 1e9, latency_ms / 1e3, decode_streams,
-                                   decode_context) for p in prompts]
+                                   decode_context, mfu) for p in prompts]
     wins = [e.prompt_tokens for e in est if e.worth_it]
     verdict = f"pays from {min(wins):,} prompt tokens" if wins else "never pays in this range"
     fig = go.Figure([

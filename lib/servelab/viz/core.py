@@ -40,6 +40,7 @@ __all__ = [
     "in_book_build",
     "live_controls",
     "publish",
+    "published_value",
     "show",
     "slider_figure",
     "table",
@@ -173,6 +174,31 @@ def show(obj: Any, *, name: str | None = None) -> None:
         publish(name, obj, display=True)
 
 
+PUBLISHED_DIGITS = 12
+
+
+def published_value(value: Any) -> Any:
+    """``value`` as :func:`publish` stores it: floats (numpy's too, also inside lists, tuples and
+    dicts) rounded to :data:`PUBLISHED_DIGITS` significant digits, numpy integers as ``int``.
+
+    Two CPUs with different SIMD paths (AVX2, AVX-512) may disagree in a float's last bits; rounding
+    keeps those bits out of what a page pastes and nbval compares. A value whose computation depends
+    on float reduction order (a torch matmul, a sum over threads) differs further, in its 6th or 7th
+    digit: its cell rounds it to the precision its claim needs before publishing it.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(f"{float(value):.{PUBLISHED_DIGITS}g}")
+    if isinstance(value, (list, tuple)):
+        return type(value)(published_value(v) for v in value)
+    if isinstance(value, dict):
+        return {k: published_value(v) for k, v in value.items()}
+    return value
+
+
 def publish(name: str, value: Any, *, display: bool = False) -> None:
     """Store ``value`` (a number, a string, a figure, a table) under ``name`` for a narrative page.
 
@@ -182,7 +208,7 @@ def publish(name: str, value: Any, *, display: bool = False) -> None:
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name must be a Python identifier, got {name!r}")
-    value = _displayable(value)
+    value = _displayable(published_value(value))
     try:
         from myst_nb import glue
     except ImportError:

@@ -28,6 +28,7 @@ __all__ = [
 TTFT_COLOR = "#d95f0e"
 ITL_COLORS = ("#2c7fb8", "#7fcdbb")
 QUEUE_COLOR = "#bdbdbd"
+SWEEP_COLORS = ("#1f77b4", "#2ca02c", "#d62728")  # throughput, goodput, attainment
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
 
 
@@ -95,12 +96,40 @@ def timeline_figure(timing: m.RequestTiming, *, unit: str = "ms",
     return fig
 
 
+SWEEP_CURVES = ("throughput", "goodput", "attainment")
+
+
+def _band_trace(x: np.ndarray, low: np.ndarray, high: np.ndarray, name: str, colour: str) -> go.Scatter:
+    """A shaded polygon from ``low`` to ``high`` over ``x``, in the legend group of its curve."""
+    return go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([high, low[::-1]]), fill="toself",
+                      fillcolor=colour, line={"width": 0}, opacity=0.25, hoverinfo="skip",
+                      name=f"{name} (min-max)", legendgroup=name, showlegend=False)
+
+
+def _sweep_bands(bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None, size: int,
+                 curves: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for name, (low, high) in (bands or {}).items():
+        if name not in SWEEP_CURVES:
+            raise ValueError(f"bands keys must be among {SWEEP_CURVES}, got {name!r}")
+        lo, hi = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+        if lo.shape != (size,) or hi.shape != (size,):
+            raise ValueError(f"bands[{name!r}] must hold two sequences as long as offered")
+        if (lo > curves[name] + 1e-12).any() or (hi < curves[name] - 1e-12).any():
+            raise ValueError(f"bands[{name!r}] must enclose its curve (low <= value <= high)")
+        out[name] = (lo, hi)
+    return out
+
+
 def load_sweep_figure(offered: Sequence[float], throughput: Sequence[float], goodput: Sequence[float],
-                      attainment: Sequence[float], *, rate_unit: str = "requests/s") -> go.Figure:
+                      attainment: Sequence[float], *, rate_unit: str = "requests/s",
+                      bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None
+                      ) -> go.Figure:
     """Throughput and goodput (rates, top) and SLO attainment (a fraction, bottom) against offered load.
 
     The three curves share the x axis but not the y axis on purpose: goodput is a rate, attainment
-    a dimensionless fraction.
+    a dimensionless fraction. ``bands`` maps a curve name in ``SWEEP_CURVES`` to ``(low, high)``
+    sequences (for example min and max over seeds), drawn as a shaded band around the curve.
     """
     series = [np.asarray(s, dtype=float) for s in (offered, throughput, goodput, attainment)]
     if len({s.shape for s in series}) != 1 or series[0].ndim != 1 or series[0].size < 2:
@@ -108,14 +137,18 @@ def load_sweep_figure(offered: Sequence[float], throughput: Sequence[float], goo
     if ((series[3] < 0) | (series[3] > 1)).any():
         raise ValueError("attainment must be a fraction in [0, 1]")
     x, thr, good, att = series
+    shaded = _sweep_bands(bands, x.size, dict(zip(SWEEP_CURVES, (thr, good, att))))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         row_heights=[0.6, 0.4])
     fig.add_trace(go.Scatter(x=x, y=x, mode="lines", name="offered load", line={"dash": "dot",
                                                                                 "color": "grey"}),
                   row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=thr, mode="lines+markers", name="throughput"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=good, mode="lines+markers", name="goodput"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=att, mode="lines+markers", name="SLO attainment"), row=2, col=1)
+    for name, y, colour, row in zip(SWEEP_CURVES, (thr, good, att), SWEEP_COLORS, (1, 1, 2)):
+        if name in shaded:
+            fig.add_trace(_band_trace(x, *shaded[name], name, colour), row=row, col=1)
+        label = "SLO attainment" if name == "attainment" else name
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=label, legendgroup=name,
+                                 line={"color": colour}), row=row, col=1)
     fig.update_yaxes(title_text=rate_unit, row=1, col=1)
     fig.update_yaxes(title_text="fraction", range=[0, 1.05], row=2, col=1)
     fig.update_xaxes(title_text=f"offered load ({rate_unit})", row=2, col=1)

@@ -1,0 +1,93 @@
+"""Checker for the KV sizing and capacity exercise.
+
+Student signatures (integers in, an integer out; bytes and token slots)::
+
+    def kv_bytes_per_token(n_layer: int, n_head: int, n_kv_head: int, d_head: int,
+                           bytes_per_elem: int) -> int: ...
+    def max_requests(pool_bytes: int, bytes_per_token: int, block_size: int,
+                     prompt_tokens: int, max_output_tokens: int) -> int: ...
+
+``kv_bytes_per_token`` is the K and V payload of one token over every layer; ``n_head`` (query heads)
+is given so that a grouped-query model can be sized wrongly. ``max_requests`` is how many requests a
+KV pool of ``pool_bytes`` can hold at once when each reserves whole blocks for its prompt *and* its
+whole output allowance, and the pool itself is cut into whole blocks. The reference is
+``servelab.kv.kv_bytes_per_token`` and ``servelab.kv.physical_blocks_no_sharing``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from servelab.exercises._reference import reference_kv_bytes_per_token, reference_max_requests
+from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
+
+__all__ = ["check_kv_sizing"]
+
+GIB = 2**30
+
+# (rule, arguments (n_layer, n_head, n_kv_head, d_head, bytes_per_elem), points)
+BYTES_CASES = (
+    ("K and V both count: 2 x layers x KV heads x head dim x bytes", (2, 2, 2, 4, 2), 1),
+    ("grouped-query attention: only the KV heads are cached", (32, 32, 8, 128, 2), 2),
+    ("the element width sets the bytes (fp32 = 4, int8 = 1)", (24, 16, 16, 64, 1), 1),
+)
+
+# (rule, arguments (pool_bytes, bytes_per_token, block_size, prompt_tokens, max_output_tokens), points)
+CAPACITY_CASES = (
+    ("every request reserves its prompt plus its whole output allowance",
+     (64 * 16 * 1024, 1024, 16, 100, 156), 2),
+    ("a request reserves whole blocks (ceiling)", (10 * 16 * 2048, 2048, 16, 17, 0), 1),
+    ("the pool holds whole blocks only (floor)", (10 * 16 * 2048 + 2047, 2048, 16, 16, 16), 1),
+    ("an 8B-class model on a 16 GiB pool", (16 * GIB, 131072, 16, 1000, 500), 2),
+)
+
+BYTES_NAMES = ("n_layer", "n_head", "n_kv_head", "d_head", "bytes_per_elem")
+CAPACITY_NAMES = ("pool_bytes", "bytes_per_token", "block_size", "prompt_tokens", "max_output_tokens")
+
+
+def _call(name: str, names: tuple[str, ...], args: tuple) -> str:
+    return f"{name}({', '.join(f'{n}={v}' for n, v in zip(names, args))})"
+
+
+def _bytes_case(fn: Callable[..., int], args: tuple) -> None:
+    expected, got = reference_kv_bytes_per_token(*args), fn(*args)
+    if got != expected:
+        n_layer, n_head, n_kv_head, d_head, width = args
+        hint = ""
+        if got == 2 * n_layer * n_head * d_head * width and n_head != n_kv_head:
+            hint = " (that counts the query heads; the cache holds K and V of the KV heads only)"
+        elif got * 2 == expected:
+            hint = " (half: K and V are both cached)"
+        raise CaseFailure(f"{_call('kv_bytes_per_token', BYTES_NAMES, args)} returned {got!r}, "
+                          f"expected {expected} bytes{hint}")
+
+
+def _capacity_case(fn: Callable[..., int], args: tuple) -> None:
+    expected, got = reference_max_requests(*args), fn(*args)
+    if got != expected:
+        pool_bytes, per_token, block, prompt, output = args
+        blocks = pool_bytes // (block * per_token)
+        need = -(-(prompt + output) // block)
+        raise CaseFailure(f"{_call('max_requests', CAPACITY_NAMES, args)} returned {got!r}, expected {expected}\n"
+                          f"steps: the pool holds {pool_bytes} // ({block} x {per_token}) = {blocks} whole blocks; "
+                          f"one request reserves ceil(({prompt} + {output}) / {block}) = {need} blocks; "
+                          f"{blocks} // {need} = {expected}")
+
+
+def check_kv_sizing(kv_bytes_per_token: Callable[..., int], max_requests: Callable[..., int],
+                    verbose: bool = True) -> CheckResult:
+    """Run the hidden sizing cases (bytes per token, then requests per pool) against ``servelab.kv``."""
+    cases = [Case(rule, lambda a=args: _bytes_case(kv_bytes_per_token, a), points)
+             for rule, args, points in BYTES_CASES]
+    cases += [Case(rule, lambda a=args: _capacity_case(max_requests, a), points)
+              for rule, args, points in CAPACITY_CASES]
+    return run_cases("KV sizing and capacity", cases, verbose)
+
+
+def worked_example() -> str:
+    """The 8B-class model on the reference: bytes per token, then requests on a 16 GiB pool."""
+    model = BYTES_CASES[1][1]
+    per_token = reference_kv_bytes_per_token(*model)
+    pool = (16 * GIB, per_token, 16, 1000, 500)
+    return (f"{_call('kv_bytes_per_token', BYTES_NAMES, model)} -> {per_token} bytes ({per_token // 1024} KiB)\n"
+            f"{_call('max_requests', CAPACITY_NAMES, pool)} -> {reference_max_requests(*pool)} requests")

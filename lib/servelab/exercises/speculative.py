@@ -1,0 +1,130 @@
+"""Checker for the speculative-decoding exercise: the accept/correct rule, checked for exactness.
+
+Student signatures (probability vectors over one vocabulary in, a probability or a vector out)::
+
+    def accept_probability(p: np.ndarray, q: np.ndarray, token: int) -> float: ...
+    def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray: ...
+
+``p`` is the target's distribution, ``q`` the draft's, ``token`` a draft token drawn from ``q``. The
+reference is ``servelab.speculative`` (``acceptance_probability``, ``residual_distribution``).
+
+Exactness is checked by enumeration, not by sampling: for every pair ``(p, q)`` of a case the
+checker builds the distribution of the emitted token from the student's two functions,
+``P(y) = q(y) a(y) + (sum_x q(x) (1 - a(x))) r(y)``, and requires it to equal ``p`` to 1e-9. Only
+tokens with ``q(x) > 0`` are ever drafted, so ``accept_probability`` is called on those alone, and
+``residual`` only when a rejection is possible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from servelab.exercises._reference import reference_accept, reference_residual
+from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
+
+__all__ = ["check_speculative", "output_distribution_of"]
+
+Accept = Callable[[np.ndarray, np.ndarray, int], float]
+Residual = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def _random_pair(seed: int, vocab: int) -> tuple[list[float], list[float]]:
+    rng = np.random.default_rng(seed)
+    p, q = rng.dirichlet(np.ones(vocab)), rng.dirichlet(np.full(vocab, 0.5))
+    return p.tolist(), q.tolist()
+
+
+# (rule, pairs of (p, q), points)
+SPEC_CASES = (
+    ("a draft token is kept with probability min(1, p(x)/q(x))",
+     [([0.5, 0.3, 0.2], [0.25, 0.5, 0.25])], 1),
+    ("the output is distributed exactly as p (enumerated over every draft token and branch)",
+     [([0.6, 0.3, 0.1], [0.2, 0.3, 0.5]), ([0.1, 0.1, 0.8], [0.7, 0.2, 0.1])], 2),
+    ("a rejected draft is replaced from norm(max(0, p - q)), not from p",
+     [([0.5, 0.5, 0.0], [0.0, 0.5, 0.5])], 2),
+    ("a token the draft never proposes (q = 0) still comes out with probability p",
+     [([0.2, 0.5, 0.3], [0.0, 0.6, 0.4])], 1),
+    ("when p equals q nothing is rejected and the output is p",
+     [([0.4, 0.4, 0.2], [0.4, 0.4, 0.2])], 1),
+    ("greedy (one-hot p and q) keeps the draft exactly when it is the target's argmax",
+     [([0.0, 1.0, 0.0], [0.0, 1.0, 0.0]), ([1.0, 0.0, 0.0], [0.0, 1.0, 0.0])], 1),
+    ("exact on random pairs over a 6-token vocabulary (seeded)",
+     [_random_pair(seed, 6) for seed in range(3)], 2),
+)
+
+
+def _accept_vector(accept: Accept, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The student's acceptance probability for every token the draft can propose (0 where q = 0)."""
+    out = np.zeros_like(p)
+    for x in np.flatnonzero(q > 0):
+        value = float(accept(p.copy(), q.copy(), int(x)))
+        if not 0.0 <= value <= 1.0:
+            raise CaseFailure(f"accept_probability(p={_r(p)}, q={_r(q)}, token={x}) returned {value:.4f}, "
+                              f"which is not a probability; expected {reference_accept(p, q, int(x)):.4f}")
+        out[x] = value
+    return out
+
+
+def output_distribution_of(accept: Accept, residual: Residual, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The exact distribution of one emitted token under a given accept/correct pair, by enumeration."""
+    a = _accept_vector(accept, p, q)
+    kept = q * a
+    reject = 1.0 - kept.sum()
+    if reject <= 1e-12:
+        return kept
+    return kept + reject * np.asarray(residual(p.copy(), q.copy()), dtype=float)
+
+
+def _r(v: np.ndarray) -> list[float]:
+    return [round(float(x), 4) for x in v]
+
+
+def _exact(accept: Accept, residual: Residual, p_list: list[float], q_list: list[float]) -> None:
+    p, q = np.array(p_list), np.array(q_list)
+    a_ref = [round(reference_accept(p, q, int(x)), 4) for x in np.flatnonzero(q > 0)]
+    a_got = _r(_accept_vector(accept, p, q)[q > 0])
+    steps = f"\nsteps: drafted tokens {np.flatnonzero(q > 0).tolist()}, accept probabilities {a_got} (expected {a_ref})"
+    out = output_distribution_of(accept, residual, p, q)
+    if out.shape != p.shape or not np.allclose(out, p, atol=1e-9):
+        reject = 1.0 - float((q * _accept_vector(accept, p, q)).sum())
+        if reject > 1e-12:
+            r_got = _r(np.asarray(residual(p.copy(), q.copy()), dtype=float))
+            steps += (f", P(reject) = {reject:.4f}, residual {r_got} "
+                      f"(expected {_r(reference_residual(p, q))})")
+        raise CaseFailure(f"p={_r(p)}, q={_r(q)}: the emitted token is distributed as {_r(out)}, "
+                          f"expected p = {_r(p)}{steps}")
+
+
+def _accept_only(accept: Accept, p_list: list[float], q_list: list[float]) -> None:
+    """The first rule on its own: every drafted token's acceptance probability, before any enumeration."""
+    p, q = np.array(p_list), np.array(q_list)
+    got = _r(_accept_vector(accept, p, q))
+    expected = _r(np.array([reference_accept(p, q, x) if q[x] > 0 else 0.0 for x in range(p.size)]))
+    if got != expected:
+        raise CaseFailure(f"p={_r(p)}, q={_r(q)}: accept probabilities for tokens 0..{p.size - 1} {got}, "
+                          f"expected {expected}")
+
+
+def _case(accept: Accept, residual: Residual, pairs: list, accept_only: bool) -> None:
+    for p, q in pairs:
+        _accept_only(accept, p, q) if accept_only else _exact(accept, residual, p, q)
+
+
+def check_speculative(accept_probability: Accept, residual: Residual, verbose: bool = True) -> CheckResult:
+    """Run the hidden accept/correct cases: the accept rule alone, then exactness by enumeration."""
+    cases = [Case(rule, lambda pairs=pairs, first=i == 0: _case(accept_probability, residual, pairs, first), points)
+             for i, (rule, pairs, points) in enumerate(SPEC_CASES)]
+    return run_cases("speculative accept/correct", cases, verbose)
+
+
+def worked_example() -> str:
+    """The first case on the reference: the accept probabilities, the residual and the output."""
+    p, q = (np.array(v) for v in SPEC_CASES[0][1][0])
+    accept = [round(reference_accept(p, q, x), 4) for x in range(p.size)]
+    out = output_distribution_of(reference_accept, reference_residual, p, q)
+    return (f"p = {_r(p)}, q = {_r(q)}\n"
+            f"accept_probability for tokens 0, 1, 2 -> {accept}\n"
+            f"residual(p, q) -> {_r(reference_residual(p, q))}\n"
+            f"output distribution (enumerated) -> {_r(out)}")

@@ -1,0 +1,92 @@
+"""Pretrained checkpoints: a local model folder, or a Hugging Face Hub id when the caller asks for it.
+
+A folder holds ``config.json`` and ``model.safetensors`` (a Llama-family model, see
+:mod:`servelab.model.checkpoint`), ``tokenizer.json`` and, for a chat model, a chat template
+(``tokenizer_config.json`` or ``chat_template.jinja``, see :mod:`servelab.chat_template`). A Hub id such
+as ``HuggingFaceTB/SmolLM2-135M-Instruct`` is fetched with ``huggingface_hub.snapshot_download`` only
+when ``allow_download=True``: never by default, so the book build and the tests cannot download.
+
+System boundary: a path or id in; an eval-mode model on one device, its tokenizer and its chat template
+(or None) out. The network is touched only inside :func:`resolve_checkpoint` with ``allow_download``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from tokenizers import Tokenizer
+
+from servelab.chat_template import ChatTemplate, load_chat_template
+from servelab.model.checkpoint import default_model_dir, load_checkpoint
+from servelab.model.llama import LlamaForCausalLM
+from servelab.model.tokenizer import load_tokenizer
+
+__all__ = ["HUB_FILES", "SMOLLM2_135M_CONFIG", "Pretrained", "load_pretrained", "resolve_checkpoint"]
+
+HUB_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+             "chat_template.jinja", "generation_config.json")
+"""What a Hub download fetches: the files this loader reads, nothing else (no pickles, no other formats)."""
+
+SMOLLM2_135M_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+    "attention_bias": False, "mlp_bias": False, "vocab_size": 49152, "hidden_size": 576,
+    "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+    "head_dim": 64, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+    "initializer_range": 0.041666666666666664,
+}
+"""The shape of ``HuggingFaceTB/SmolLM2-135M-Instruct`` (its ``config.json``): 30 layers, width 576, 9 query
+heads sharing 3 KV heads of 64 dims, tied embeddings; about 135 M parameters. For random-weight stand-ins
+of the real model in tests and benchmarks, where nothing may be downloaded."""
+
+
+class Pretrained(NamedTuple):
+    """What a checkpoint folder provides."""
+
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+
+
+def resolve_checkpoint(path_or_id: str | Path | None, allow_download: bool = False) -> Path:
+    """The local folder of ``path_or_id``: the shipped model for None, an existing folder as it is, and a
+    Hub id (``owner/name``) downloaded into the Hugging Face cache only when ``allow_download`` is True.
+
+    Raises:
+        ValueError: ``path_or_id`` is neither a folder nor (with ``allow_download``) an ``owner/name`` id.
+    """
+    if not isinstance(allow_download, bool):
+        raise TypeError(f"allow_download must be a bool, got {allow_download!r}")
+    if path_or_id is None:
+        return default_model_dir()
+    if not isinstance(path_or_id, (str, Path)):
+        raise TypeError(f"path_or_id must be a str, Path or None, got {type(path_or_id).__name__}")
+    if Path(path_or_id).is_dir():
+        return Path(path_or_id)
+    if not allow_download:
+        raise ValueError(f"path_or_id {str(path_or_id)!r} is not a model folder; to fetch a Hugging Face Hub "
+                         "id (such as 'HuggingFaceTB/SmolLM2-135M-Instruct') pass allow_download=True")
+    if not isinstance(path_or_id, str) or path_or_id.count("/") != 1 or path_or_id.startswith(("/", ".")):
+        raise ValueError(f"path_or_id must be a folder or a Hub id 'owner/name', got {str(path_or_id)!r}")
+    return _download(path_or_id)
+
+
+def _download(repo_id: str) -> Path:
+    """Fetch :data:`HUB_FILES` of ``repo_id`` (the only network access of the library)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ImportError("downloading from the Hub needs the huggingface_hub package "
+                          "(pip install huggingface_hub)") from None
+    return Path(snapshot_download(repo_id, allow_patterns=list(HUB_FILES)))
+
+
+def load_pretrained(path_or_id: str | Path | None = None, *, allow_download: bool = False,
+                    device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> Pretrained:
+    """Model (on ``device`` in ``dtype``, defaults from :func:`servelab.device.pick_device`), tokenizer
+    and chat template of a folder or (with ``allow_download``) a Hub id; see :func:`resolve_checkpoint`."""
+    directory = resolve_checkpoint(path_or_id, allow_download)
+    model = load_checkpoint(directory, device=device, dtype=dtype)
+    return Pretrained(model, load_tokenizer(directory), load_chat_template(directory))

@@ -1,0 +1,111 @@
+"""Notebooks read well in Jupyter and Colab: no raw MyST in what Jupyter shows.
+
+Jupyter renders a notebook's Markdown cells and its cell outputs as CommonMark; a MyST role
+(``{doc}`...```), directive (```` ```{exercise} ````, ``:::``) or target (``(label)=``) shows up there as
+raw text. The book keeps its MyST: the §9 page renders the question bank as MyST only during the
+book build, and the narrative pages (``book/*.md``) are not notebooks. Outputs under a
+``application/papermill.record/`` mime type (``publish``/glue) are data for the book that Jupyter
+never displays, so they are not checked.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from servelab.questions import load_bank
+from servelab.questions.design import DesignAssumptions, solve_design
+from servelab.questions.render import design_exercise_view, find_book_root, tier_view
+from servelab.viz.core import BOOK_BUILD_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+MYST = re.compile(
+    r"\{(?:doc|exercise|solution|ref|term|cite(?::[pt])?|numref|eq|download|math)\}"  # roles and directives
+    r"|\{glue"                                      # {glue}, {glue:text}, {glue:figure}, ...
+    r"|^[ \t]*:::"                                  # colon-fenced directives
+    r"|^[ \t]*`{3,}[ \t]*\{[a-z]"                   # backtick-fenced directives
+    r"|^\([\w.-]+\)=[ \t]*$",                       # (label)= targets
+    re.MULTILINE,
+)
+
+
+def _shown_texts(cell: nbformat.NotebookNode) -> list[tuple[str, str]]:
+    """(where, text) for what Jupyter displays of a cell: a Markdown cell's source, or its outputs."""
+    if cell.cell_type == "markdown":
+        return [("markdown", cell.source)]
+    shown = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            shown.append(("stream", out.text))
+        elif out.output_type == "error":
+            shown.append(("error", "\n".join(out.traceback)))
+        else:
+            shown += [(mime, str(value)) for mime, value in out.get("data", {}).items()
+                      if not mime.startswith("application/papermill.record/") and mime.startswith("text/")]
+    return shown
+
+
+def raw_myst(path: Path) -> list[str]:
+    """Every raw MyST construct Jupyter would show in ``path``: 'cell N (where): match'."""
+    nb = nbformat.read(str(path), as_version=4)
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for where, text in _shown_texts(cell):
+            found += [f"cell {index} ({where}): {m.group(0).strip()!r}" for m in MYST.finditer(text)]
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(ROOT / "notebooks")) for p in NOTEBOOKS])
+def test_no_raw_myst_in_what_jupyter_shows(path):
+    found = raw_myst(path)
+    assert not found, f"{path.relative_to(ROOT)} shows raw MyST in Jupyter: " + "; ".join(found[:8])
+
+
+def test_the_pattern_catches_what_it_must():
+    for text in ("see {doc}`x`", "```{exercise} Q1", "````{solution} q", ":::{glue} a", "{glue:text}`nb::x:.1f`",
+                 "(ch09-interview)=", "{ref}`a <b>`"):
+        assert MYST.search(text), text
+    for text in ("a dict {'k': 1}", "<details>", "`code`", "f(x) = {x}", "x := 1"):
+        assert not MYST.search(text), text
+
+
+BANK = load_bank()
+BOOK_ROOT = find_book_root(ROOT / "notebooks")
+
+
+def _views():
+    views = [tier_view(BANK, t.id, s, BOOK_ROOT) for s in ("core", "pipeline") for t in BANK.tiers
+             if BANK.select(tiers=[t.id], set_id=s)]
+    return views + [design_exercise_view(BANK.design_exercises[0], solve_design(DesignAssumptions()))]
+
+
+def test_question_bank_in_jupyter_is_folded_markdown(monkeypatch):
+    monkeypatch.delenv(BOOK_BUILD_ENV, raising=False)
+    for view in _views():
+        text = view._repr_markdown_()
+        assert not MYST.search(text), MYST.search(text).group(0)
+        assert text.count("<details>") == text.count("</details>") >= 1
+        assert "<summary>" in text and "MyST" not in repr(view)
+
+
+def test_question_bank_in_the_book_build_stays_myst(monkeypatch):
+    monkeypatch.setenv(BOOK_BUILD_ENV, "1")
+    for view in _views():
+        text = view._repr_markdown_()
+        assert "{exercise}" in text and "{solution}" in text and ":class: dropdown" in text
+        assert "<details>" not in text
+
+
+def test_every_answer_is_behind_a_fold(monkeypatch):
+    monkeypatch.delenv(BOOK_BUILD_ENV, raising=False)
+    text = tier_view(BANK, "L1", "core", BOOK_ROOT)._repr_markdown_()
+    for question in BANK.select(tiers=["L1"], set_id="core"):
+        framework = question.answer.framework.split()[0:6]
+        start = text.index(f"**{question.id} · ")
+        fold = text.index("<details>", start)
+        assert text.find(" ".join(framework), start) > fold
