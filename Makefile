@@ -44,8 +44,9 @@ test-lib: setup
 
 # Notebooks: committed executed (real outputs, tools/execute_notebooks.py) and with the Colab set-up
 # cell (tools/sync_notebooks.py),
-# then executed fresh by nbval in this environment: every cell must run; cells marked
-# "# NBVAL_CHECK_OUTPUT" must also reproduce their saved output.
+# then executed fresh by nbval in this environment: every cell must run; cells tagged
+# nbval-check-output (sync_notebooks.py moves a "# NBVAL_CHECK_OUTPUT" first line into that tag)
+# must also reproduce their saved output.
 test-notebooks: setup
 	$(PY) tools/sync_notebooks.py --check
 	@if ls notebooks/*.ipynb notebooks/*/*.ipynb >/dev/null 2>&1; then \

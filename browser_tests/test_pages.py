@@ -1,4 +1,9 @@
-"""Open every page of the built book in chromium: no real errors, every figure drawn, sliders move.
+"""Open every page of the built book in chromium: no real errors, every figure drawn, sliders move,
+no two text boxes of a figure overlap, nothing is wider than the reading column.
+
+Screenshots: the whole page as it opens (every slider figure at its default frame), and each slider
+figure again after its slider was moved (``<page>__figN-moved.png``). The cheat sheets must print on
+one page.
 
 Known harmless console noise (measured, see shared notes) is told apart from the book's own errors:
 anything fetched from another host fails offline (MathJax and friends come from a CDN), and a few
@@ -15,7 +20,10 @@ from urllib.parse import urlparse
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
-from conftest import HTML_DIR, built_pages
+from conftest import HTML_DIR, ROOT, built_pages
+
+LAYOUT_CHECKS = ROOT / "browser_tests" / "layout_checks.js"
+ONE_PAGE_PRINTS = ("book/cheatsheet.html", "book/cheatsheet-zh.html")
 
 HARMLESS_CONSOLE = [
     re.compile(p) for p in (
@@ -81,6 +89,25 @@ def _move_slider(page, index: int) -> None:
     page.mouse.click(x, box["y"] + box["height"] / 2)
 
 
+def _overlaps(page, index: int) -> list[str]:
+    return page.evaluate(
+        "(i) => window.servelabTextBoxOverlaps(document.querySelectorAll('.js-plotly-plot')[i])", index)
+
+
+def _column_overflow(page) -> list[str]:
+    return page.evaluate(
+        "() => { const c = document.querySelector('article.bd-article') || document.querySelector('main');"
+        " return c ? window.servelabOverflowing(c) : []; }")
+
+
+def printed_pages(page) -> int:
+    """How many sheets the page prints on (A4, the page's own print styles)."""
+    page.emulate_media(media="print")
+    pdf = page.pdf(format="A4", print_background=False)
+    page.emulate_media(media="screen")
+    return len(re.findall(rb"/Type\s*/Page(?!s)", pdf))
+
+
 REDIRECT = re.compile(r'http-equiv="Refresh" content="0; url=([^"]+)"', re.IGNORECASE)
 
 
@@ -118,6 +145,12 @@ def test_page(page_path: str, base_url: str, browser, screenshot_dir) -> None:
                    if plots.nth(i).locator("svg.main-svg").count() == 0]
         sliders = [i for i in range(n_plots)
                    if plots.nth(i).locator("rect.slider-rail-rect").count() > 0]
+        page.add_script_tag(path=str(LAYOUT_CHECKS))
+        overlapping = [f"figure {i} (as drawn): {hit}" for i in range(n_plots) for hit in _overlaps(page, i)]
+        too_wide = _column_overflow(page)
+        page.evaluate("window.scrollTo(0, 0)")
+        stem = page_path.replace("/", "__").removesuffix(".html")
+        page.screenshot(path=str(screenshot_dir / f"{stem}.png"), full_page=True)  # default frames
         unchanged = []
         for i in sliders:
             before = _snapshot(page, i)
@@ -125,9 +158,9 @@ def test_page(page_path: str, base_url: str, browser, screenshot_dir) -> None:
             page.wait_for_timeout(400)
             if _snapshot(page, i) == before:
                 unchanged.append(i)
-        page.evaluate("window.scrollTo(0, 0)")
-        shot = screenshot_dir / (page_path.replace("/", "__").removesuffix(".html") + ".png")
-        page.screenshot(path=str(shot), full_page=True)
+            overlapping += [f"figure {i} (slider moved): {hit}" for hit in _overlaps(page, i)]
+            plots.nth(i).screenshot(path=str(screenshot_dir / f"{stem}__fig{i}-moved.png"))
+        sheets = printed_pages(page) if page_path in ONE_PAGE_PRINTS else 1
         body_text = page.inner_text("article") if page.locator("article").count() else ""
     finally:
         page.close()
@@ -141,6 +174,9 @@ def test_page(page_path: str, base_url: str, browser, screenshot_dir) -> None:
         "plots without an svg": undrawn,
         "formulas left as raw TeX": [f"{raw_tex} of {n_math}"] if raw_tex else [],
         "sliders that did not change their figure": unchanged,
+        "text boxes of a figure that overlap": overlapping,
+        "elements wider than the reading column": too_wide,
+        "does not print on exactly one page": [f"{sheets} pages"] if sheets != 1 else [],
         "outputs shown as text instead of drawn":
             [m for m in DEAD_OUTPUT_MARKERS if m in body_text],
     }
@@ -155,3 +191,27 @@ def test_every_page_was_found() -> None:
         pytest.fail("no built pages found")
     assert "index.html" in pages
     assert any(p.startswith("notebooks/") for p in pages), pages
+
+
+def test_layout_checks_catch_overlaps_and_overflow(browser) -> None:
+    """The two layout checks fail on a figure whose legend sits on its slider and on a wide block."""
+    import plotly
+    from pathlib import Path
+
+    plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    page = browser.new_page()
+    try:
+        page.set_content('<article class="bd-article" style="width:600px"><div id="f" style="height:400px">'
+                         '</div><pre style="width:900px">wide</pre></article>')
+        page.add_script_tag(path=str(plotly_js))
+        page.evaluate("""() => Plotly.newPlot('f',
+            [{x: [1, 2], y: [1, 2], name: 'one'}, {x: [1, 2], y: [2, 1], name: 'two'}],
+            {legend: {orientation: 'h', y: -0.2}, sliders: [{currentvalue: {prefix: 'value = '},
+             steps: [{label: 'a', method: 'skip'}, {label: 'b', method: 'skip'}]}]})""")
+        page.add_script_tag(path=str(LAYOUT_CHECKS))
+        hits = _overlaps(page, 0)
+        wide = _column_overflow(page)
+    finally:
+        page.close()
+    assert any("legend" in h and "slider" in h for h in hits), hits
+    assert any(h.startswith("pre") for h in wide), wide

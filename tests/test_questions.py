@@ -15,7 +15,7 @@ from servelab.questions.__main__ import main as cli
 from servelab.questions.bank import load_raw, validate_raw
 from servelab.questions.design import DesignAssumptions, design_rows, solve_design
 from servelab.questions.export import export_assignment, read_markdown, read_notebook
-from servelab.questions.render import chapter_link, label_defined, question_myst, tier_myst
+from servelab.questions.render import chapter_link, label_defined, question_myst, section_heading, tier_myst
 from servelab.kv import block_alloc_slots
 from servelab.sampling import best_of_n_kv_tokens, softmax, support, top_k_filter, top_p_filter
 from servelab.streaming import StopStringBuffer
@@ -239,15 +239,38 @@ def test_tier_myst_holds_exactly_that_tier():
 
 def test_chapter_link_resolves_labels_pages_or_plain_text(tmp_path):
     q = BANK.question("Q6")  # ch03-sampling#ch03-truncation
-    assert chapter_link(q, None) == "§3.3 (ch03-sampling)"
+    assert chapter_link(q, None) == "ch03-sampling"
     (tmp_path / "_toc.yml").write_text("root: book/intro\n")
     (tmp_path / "book").mkdir()
-    assert chapter_link(q, tmp_path) == "§3.3 (ch03-sampling)"
+    assert chapter_link(q, tmp_path) == "ch03-sampling"
     page = tmp_path / "book" / "ch03-sampling.md"
     page.write_text("# Sampling\n")
-    assert chapter_link(q, tmp_path) == "[§3.3 (ch03-sampling)](../book/ch03-sampling.md)"
+    assert chapter_link(q, tmp_path) == "[ch03-sampling](../book/ch03-sampling.md)"
     page.write_text("# Sampling\n\n(ch03-truncation)=\n## Truncation\n")
-    assert chapter_link(q, tmp_path) == "{ref}`§3.3 (ch03-sampling) <ch03-truncation>`"
+    assert chapter_link(q, tmp_path) == "{numref}`§{number} {name} <ch03-truncation>`"
+
+
+def test_section_heading_numbers_headings_as_the_book_does(tmp_path):
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "ch03-sampling.md").write_text(
+        "# Sampling\n\n## One\n\n```python\n## not a heading\n```\n\n(ch03-b)=\n## Two `top-p`\n\n"
+        "### Deep\n\n(ch03-c)=\n\n### Deeper {term}`KV cache`\n\n(ch03-d)=\n## Three\n")
+    assert str(section_heading(tmp_path, "ch03-sampling", "ch03-b")) == "§3.2 Two top-p"
+    assert str(section_heading(tmp_path, "ch03-sampling", "ch03-c")) == "§3.2.2 Deeper KV cache"
+    assert str(section_heading(tmp_path, "ch03-sampling", "ch03-d")) == "§3.3 Three"
+    assert section_heading(tmp_path, "ch03-sampling", "ch03-missing") is None
+    assert section_heading(tmp_path, "ch04-kv-cache", "ch03-b") is None
+
+
+def test_every_question_links_a_labelled_heading_and_the_key_prints_its_title(tmp_path):
+    for q in BANK.questions:
+        heading = section_heading(ROOT, q.chapter_slug, q.chapter_label)
+        assert heading is not None, (q.id, q.chapter)
+        assert heading.number.startswith(q.chapter_slug[2:4].lstrip("0") or "0"), (q.id, heading)
+    export_assignment(BANK.select(ids=["Q6"]), tmp_path, formats=["markdown"])
+    key = (tmp_path / "answer-key.md").read_text()
+    assert f"Read: {section_heading(ROOT, 'ch03-sampling', 'ch03-truncation')} · run:" in key
+    assert "ch03-sampling#" not in key
 
 
 # ------------------------------------------------------------------------ export round trip

@@ -629,3 +629,35 @@ def test_beam_search_argument_checks():
         beam_search(lambda s: np.zeros(3), [0], beam_width=1, max_new_tokens=2)
     with pytest.raises(ValueError, match="n must be"):
         best_of_n_kv_tokens(10, 5, 0)
+
+
+# ------------------------------------------------------------ the pipeline chapter's worked numbers
+
+
+def test_power_form_of_temperature_equals_softmax_of_scaled_logits():
+    from servelab.sampling import temperature_from_probs, temperature_probs
+
+    z = [4.0, 3.0, 2.0, 1.0]
+    for t in (0.1, 0.5, 1.0, 2.0, 7.0):
+        assert np.allclose(temperature_from_probs(softmax(z), t), temperature_probs(z, t), atol=1e-12)
+    p = softmax(z)
+    assert np.allclose(temperature_from_probs([0.5, 0.5, 0.0], 0.3), [0.5, 0.5, 0.0])
+    assert np.allclose((p / 2) / (p / 2).sum(), p)  # dividing p by T = 2 does nothing
+    with pytest.raises(ValueError, match="temperature"):
+        temperature_from_probs(p, 0.0)
+
+
+def test_nucleus_size_adapts_at_p_09():
+    assert support(top_p_filter([0.98, 0.01, 0.01], 0.9)) == [0]
+    assert len(support(top_p_filter([0.1] * 10, 0.9))) == 9  # nine in exact arithmetic, and here
+
+
+def test_four_word_top_p_08_against_temperature():
+    z = [4.0, 3.0, 2.0, 1.0]
+    kept = {t: support(next_token_distribution(z, SamplingParams(temperature=t, top_p=0.8)))
+            for t in (0.5, 1.0, 2.0)}
+    assert kept == {0.5: [0], 1.0: [0, 1], 2.0: [0, 1, 2]}
+    final = next_token_distribution(z, SamplingParams(temperature=1.0, top_p=0.8))
+    assert np.round(100 * final[:2], 3).tolist() == [73.106, 26.894]
+    combo = next_token_distribution(z, SamplingParams(temperature=2.0, top_k=3, top_p=0.8))
+    assert np.round(100 * combo[:2], 3).tolist() == [62.246, 37.754]

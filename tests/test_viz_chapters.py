@@ -52,7 +52,7 @@ def test_slider_figure_has_one_frame_per_value():
     assert len(fig.frames) == len(values)
     assert all(len(frame.data) == 2 for frame in fig.frames)
     assert len(fig.layout.sliders[0].steps) == len(values)
-    assert "support (1 tokens)" in fig.frames[0].layout.title.text
+    assert "support (1 token)" in fig.frames[0].layout.title.text
 
 
 def test_show_top_limits_drawn_tokens_not_support():
@@ -143,11 +143,12 @@ def test_load_sweep_figure_checks_shapes_and_fraction():
         vm.load_sweep_figure([1, 2, 3], [1, 2], [1, 2], [1, 1])
 
 
-def test_roofline_figure_ridge_annotations():
+def test_roofline_figure_names_ridges_and_points_in_the_legend():
     fig = vm.roofline_figure({"A100-class": A100[1:], "H100-class": (989e12, 3.35e12)}, {"k": 1.0})
-    assert [a.text for a in fig.layout.annotations] == ["A100-class: I* = 201.3",
-                                                        "H100-class: I* = 295.2"]
-    assert len(fig.data) == 3
+    assert [t.name for t in fig.data] == ["A100-class roof", "H100-class roof", "A100-class ridge I* = 201.3",
+                                          "H100-class ridge I* = 295.2", "k"]
+    assert not fig.layout.annotations and all(t.mode in ("lines", "markers") for t in fig.data)
+    assert list(fig.data[2].x) == pytest.approx([201.3, 201.3], abs=0.05)
     with pytest.raises(ValueError):
         vm.roofline_figure({})
 
@@ -156,8 +157,8 @@ def test_roofline_slider_one_frame_per_batch_with_fixed_axis():
     batches = [1, 8, 64]
     fig = vm.roofline_batch_slider_figure(A100, {"70B": (BIG, 512, 512)}, batches)
     assert len(fig.frames) == len(batches)
-    assert all(len(frame.data) == 3 for frame in fig.frames)  # roof + prefill + decode
-    decode_x = [frame.data[2].x[0] for frame in fig.frames]
+    assert all(len(frame.data) == 4 for frame in fig.frames)  # roof + ridge + prefill + decode
+    decode_x = [frame.data[3].x[0] for frame in fig.frames]
     assert decode_x == sorted(decode_x)
     with pytest.raises(ValueError):
         vm.roofline_batch_slider_figure(A100, {"70B": (BIG, 512, 512)}, [1])
@@ -178,3 +179,59 @@ def test_probability_axis_fits_flat_distributions_across_frames():
     fig = vs.distribution_slider_figure(flat, [str(i) for i in range(100)], param="temperature",
                                         values=[0.5, 1.0], show_top=10)
     assert fig.layout.yaxis.range[1] == pytest.approx(1.15 * 0.01)
+
+
+def test_support_caption_quotes_tokens_and_byte_tokens_read_as_bytes():
+    from servelab.model.tokenizer import load_tokenizer
+
+    labels = vs.vocab_labels(load_tokenizer())
+    assert "\ufffd" not in "".join(labels) and labels[0] == "<|endoftext|>"
+    byte_only = [label for label in labels if label.startswith("\\x")]
+    assert byte_only and all(len(label) >= 4 for label in byte_only)
+    assert "↵" in labels and "?" in labels  # the question-mark token is a real token ...
+    fig = vs.distribution_figure([1.0, 9.0, 0.0], ["a", "?", "\\xe2"], smp.SamplingParams(min_p=0.1))
+    title = fig.layout.title.text
+    assert "support (1 token)" in title and title.endswith("<br>{“?”}")  # ... and reads as one, quoted
+
+
+def test_every_live_control_has_a_static_slider_figure():
+    figs = vs.control_slider_figures(LOGITS, LABELS, output_ids=[0, 0, 1])
+    assert set(figs) == {"top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"}
+    top_k = figs["top_k"].layout.sliders[0]
+    assert [s.label for s in top_k.steps][-1] == str(len(LOGITS)) and top_k.active == len(top_k.steps) - 1
+    for name, fig in figs.items():
+        bars = {tuple(round(y, 6) for y in frame.data[1].y) for frame in fig.frames}
+        assert len(bars) > 1, name  # moving the slider changes the distribution drawn
+
+
+def test_generation_sliders_share_one_wide_track():
+    import ipywidgets as w
+
+    box = vs.generation_controls(lambda params: "text")
+    sliders = [c for c in box.children if isinstance(c, w.SelectionSlider)]
+    assert len(sliders) == len(vs.CONTROL_CHOICES)
+    widths = {s.layout.width for s in sliders}
+    labels = {s.style.description_width for s in sliders}
+    assert len(widths) == 1 and len(labels) == 1
+    track = int(widths.pop().removesuffix("px")) - int(labels.pop().removesuffix("px"))
+    assert track > 3 * 55
+
+
+def test_slider_figure_widens_axis_ranges_and_keeps_text_apart():
+    from servelab.viz.core import slider_figure
+
+    def draw(scale):
+        fig = go.Figure([go.Bar(x=["a", "b"], y=[scale, 2 * scale], name="one"),
+                         go.Bar(x=["a", "b"], y=[1, 1], name="two")])
+        return fig.update_layout(yaxis_range=[0, 2.2 * scale], xaxis_title="x", title=f"scale {scale}",
+                                 legend={"orientation": "h", "y": -0.2})
+
+    fig = slider_figure(draw, [1, 10, 100], label="scale")
+    assert list(fig.layout.yaxis.range) == pytest.approx([0, 220])  # the biggest frame fits, not only the first
+    assert fig.layout.legend.y > 1 and fig.layout.legend.yanchor == "bottom"  # legend above the plot
+    assert fig.layout.sliders[0].pad.t >= 70  # the slider's label hangs below the x-axis title
+
+
+def test_support_caption_names_the_most_probable_tokens_first():
+    fig = vs.distribution_figure([1.0, 3.0, 2.0, 0.0], ["a", "b", "c", "d"], smp.SamplingParams(top_k=3))
+    assert fig.layout.title.text.endswith("<br>{“b”, “c”, “a”}")

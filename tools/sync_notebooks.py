@@ -7,10 +7,16 @@ For each notebook under ``notebooks/`` (or the ones named on the command line) t
   set), then picks the device and dtype with ``servelab.device.pick_device`` (``DEVICE, DTYPE``: CUDA
   and bfloat16 when a GPU is there, else CPU and float32). The cell is tagged
   ``remove-cell`` so the book does not show it;
-* gives every cell a stable, unique id, sets the ``python3`` kernel and drops saved widget state.
+* gives every cell a stable, unique id, sets the ``python3`` kernel and drops saved widget state;
+* moves nbval's comment markers into cell tags, so a reader never sees them: a leading
+  ``# NBVAL_CHECK_OUTPUT`` line becomes the tag ``nbval-check-output`` (likewise
+  ``NBVAL_IGNORE_OUTPUT``, ``NBVAL_SKIP``, ``NBVAL_RAISES_EXCEPTION``); nbval 0.11 reads these tags
+  exactly as it reads the comments (``nbval.plugin.find_metadata_tags``);
+* tags ``remove-input`` on a cell whose every statement is a ``publish(...)`` call: it only hands
+  values to the narrative page, so its code is not shown in the book.
 
 Outputs are kept: ``tools/execute_notebooks.py`` writes real ones, and nbval compares the cells
-marked ``# NBVAL_CHECK_OUTPUT`` against them.
+tagged ``nbval-check-output`` against them.
 
 Usage::
 
@@ -21,6 +27,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 from pathlib import Path
 
@@ -46,6 +53,8 @@ if "google.colab" in sys.modules:
 from servelab.device import pick_device
 
 DEVICE, DTYPE = pick_device()  # CUDA + bfloat16 with a GPU, else CPU + float32 (SERVELAB_DEVICE/DTYPE override)'''
+NBVAL_MARKERS = ("NBVAL_CHECK_OUTPUT", "NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION")
+PUBLISH_CALLS = {"publish", "glue"}
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
 
@@ -64,6 +73,40 @@ def setup_cell(source: str) -> nbformat.NotebookNode:
     return cell
 
 
+def add_tag(cell: nbformat.NotebookNode, tag: str) -> None:
+    tags = cell.metadata.setdefault("tags", [])
+    if tag not in tags:
+        tags.append(tag)
+
+
+def markers_to_tags(cell: nbformat.NotebookNode) -> None:
+    """Leading ``# NBVAL_...`` comment lines of a code cell become nbval's cell tags."""
+    lines = cell.source.split("\n")
+    while lines and lines[0].strip().lstrip("#").strip() in NBVAL_MARKERS \
+            and lines[0].strip().startswith("#"):
+        add_tag(cell, lines.pop(0).strip().lstrip("#").strip().lower().replace("_", "-"))
+    cell.source = "\n".join(lines)
+
+
+def only_publishes(source: str) -> bool:
+    """True when every statement of ``source`` is a bare ``publish(...)`` (or ``glue(...)``) call."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return False
+    return bool(body) and all(
+        isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+        and getattr(s.value.func, "id", getattr(s.value.func, "attr", None)) in PUBLISH_CALLS
+        for s in body)
+
+
+def tidy_code_cell(cell: nbformat.NotebookNode) -> None:
+    """nbval markers as tags, publish-only cells without their input in the book."""
+    markers_to_tags(cell)
+    if only_publishes(cell.source):
+        add_tag(cell, "remove-input")
+
+
 def synced(nb: nbformat.NotebookNode, source: str) -> nbformat.NotebookNode:
     """A copy of ``nb`` with the set-up cell under the title, stable ids and the python3 kernel."""
     nb = nbformat.from_dict(nb)
@@ -80,6 +123,8 @@ def synced(nb: nbformat.NotebookNode, source: str) -> nbformat.NotebookNode:
     for i, cell in enumerate(nb.cells):
         if cell.get("id") == SETUP_ID:
             continue
+        if cell.cell_type == "code":
+            tidy_code_cell(cell)
         if not cell.get("id") or cell.id in used:
             cell.id = f"cell-{i}"
         used.add(cell.id)

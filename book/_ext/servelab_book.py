@@ -21,6 +21,9 @@
    on demand (TeX extensions, CommonHTML fonts, the menu) is copied from the PyPI package
    ``django-static-mathjax`` into ``_static/mathjax`` (``mathjax_path`` in ``_config.yml`` points
    there), so formulas render with no network.
+8. The chapters count from 0 (the state machine is chapter 0): Sphinx numbers a toctree from 1, so
+   after it has assigned section numbers every number's first component is lowered by one. Only the
+   "Chapters" part of ``_toc.yml`` is numbered, so every numbered page is a chapter page.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ import re
 import shutil
 from pathlib import Path
 
+from docutils import nodes
 from sphinx.application import Sphinx
+from sphinx.environment.collectors.toctree import TocTreeCollector
 from sphinx.environment import BuildEnvironment
 from sphinx.util import logging
 
@@ -169,6 +174,26 @@ def drop_duplicate_scripts(app: Sphinx, pagename: str, templatename: str, contex
     context["script_files"] = unique
 
 
+def _from_zero(number):
+    """A section number with its chapter component lowered by one; empty numbers stay as they are."""
+    return type(number)((number[0] - 1, *number[1:])) if number else number
+
+
+def chapters_from_zero(app: Sphinx, env: BuildEnvironment) -> list[str]:
+    """Renumber chapters 1..N as 0..N-1: headings, the sidebar, prev/next links, then figures."""
+    for docname, anchors in env.toc_secnumbers.items():
+        for anchor, number in anchors.items():
+            anchors[anchor] = _from_zero(number)
+        for reference in env.tocs[docname].findall(nodes.reference):
+            if reference.get("secnumber"):
+                reference["secnumber"] = _from_zero(list(reference["secnumber"]))
+        title = env.titles.get(docname)
+        if title is not None and title.get("secnumber"):
+            title["secnumber"] = _from_zero(list(title["secnumber"]))
+    TocTreeCollector.assign_figure_numbers(None, env)  # figure numbers carry the section number
+    return sorted(env.toc_secnumbers)
+
+
 COLAB_BADGE = ("```{{admonition}} Run this chapter\n:class: tip\n"
                "[Open its notebook in Colab]({url}), or read the code and outputs on the notebook "
                "page [](../notebooks/{slug}.ipynb).\n```\n")
@@ -215,6 +240,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("config-inited", solutions_switch)
     app.connect("env-get-outdated", reread_on_library_change)
     app.connect("source-read", note_glue_sources)
+    app.connect("env-get-updated", chapters_from_zero, priority=900)  # after the toctree collector
     app.connect("source-read", add_colab_link)
     app.connect("build-finished", copy_plotly_js)
     app.connect("build-finished", copy_mathjax)

@@ -61,6 +61,7 @@ __all__ = [
     "softmax",
     "support",
     "temperature_probs",
+    "temperature_from_probs",
     "token_counts",
     "top_k_filter",
     "top_p_filter",
@@ -198,6 +199,21 @@ def temperature_probs(logits: FloatVector, temperature: float) -> np.ndarray:
     return softmax(apply_temperature(logits, temperature))
 
 
+def temperature_from_probs(probs: FloatVector, temperature: float) -> np.ndarray:
+    """Temperature applied to probabilities instead of logits: ``q_i = p_i^(1/T) / sum_j p_j^(1/T)``.
+
+    For ``p = softmax(z)`` this equals ``softmax(z / T)``, because ``p_i^(1/T)`` is ``e^(z_i/T)`` up to
+    a factor common to every token. (Dividing probabilities by ``T`` instead changes nothing: the
+    factor cancels.) Tokens with ``p_i = 0`` stay at 0; ``T`` must be > 0.
+    """
+    p = _check_probs(probs)
+    t = _check_real(temperature, "temperature", 0.0, math.inf, low_open=True, high_open=True)
+    kept = p > 0
+    log_weights = np.full(p.shape, -math.inf)
+    log_weights[kept] = np.log(p[kept]) / t
+    return softmax(log_weights)
+
+
 def greedy(logits: FloatVector) -> int:
     """The argmax token id; on a tie for the maximum the lowest id wins. No softmax is needed."""
     z = _check_logits(logits)
@@ -218,8 +234,8 @@ def support(probs: FloatVector) -> list[int]:
 def top_k_filter(probs: FloatVector, k: int) -> np.ndarray:
     """Keep the ``k`` most probable tokens, ranked by ``(-p_i, token id)``, and renormalise.
 
-    Exactly ``min(k, |E|)`` tokens survive, where ``E`` is the current support. The course gives
-    ``1 <= k <= |E|`` as the range in which top-k actually truncates; a larger ``k`` is accepted as a
+    Exactly ``min(k, |E|)`` tokens survive, where ``E`` is the current support. Top-k truncates only
+    for ``1 <= k < |E|``; a larger ``k`` is accepted as a
     no-op rather than an error, because one request's ``top_k`` stays fixed while masks shrink ``E``
     from step to step. ``k`` must be an int >= 1 (``None`` for "disabled" is handled by
     :class:`SamplingParams`, not here).

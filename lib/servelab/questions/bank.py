@@ -89,7 +89,6 @@ class Question:
     id: str
     set: str
     tier: str
-    section: str
     title: str
     question: str
     answer: Answer
@@ -252,7 +251,6 @@ def _question(raw: dict[str, Any]) -> Question:
         id=raw["id"],
         set=raw["set"],
         tier=raw["tier"],
-        section=raw["section"],
         title=raw["title"],
         question=raw["question"].strip(),
         answer=Answer(answer["framework"].strip(), answer["key"].strip(), tuple(m.strip() for m in answer["mistakes"])),

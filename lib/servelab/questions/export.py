@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 
 from servelab.questions.bank import Question
-from servelab.questions.render import answer_markdown
+from servelab.questions.render import answer_markdown, find_book_root, section_heading
 
 __all__ = [
     "FORMATS",
@@ -56,7 +56,11 @@ class ExportedQuestion:
 
 
 def _reference_line(q: Question) -> str:
-    return f"Read: {q.section} (`{q.chapter}`) · run: `{q.code}`"
+    """Where to read (the section's number and title, from the book sources) and what to run."""
+    root = find_book_root(Path(__file__).resolve().parent)
+    heading = section_heading(root, q.chapter_slug, q.chapter_label) if root else None
+    where = str(heading) if heading else f"the chapter page {q.chapter_slug}"
+    return f"Read: {where} · run: `{q.code}`"
 
 
 def _key_answer(q: Question) -> str:

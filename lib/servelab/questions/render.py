@@ -11,9 +11,11 @@ the book build (``servelab.viz.core.in_book_build``) it is the MyST above, every
 Markdown with every answer folded in an HTML ``<details>`` element and links as ordinary Markdown
 links. The saved outputs of the committed notebook are therefore plain Markdown.
 
-Chapter links become ``{ref}`` links when the target label exists in the book sources, a page link
-when only the page exists, and plain text otherwise, so the strict build never meets a dangling
-reference.
+Chapter links become ``{numref}`` links when the target label exists in the book sources (Sphinx
+fills in the section's number and title as the book numbers them), a page link when only the page
+exists, and plain text otherwise, so the strict build never meets a dangling reference. Outside the
+build (notebooks, exports, answer keys) :func:`section_heading` reads the same number and title from
+the page.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ __all__ = [
     "find_book_root",
     "label_defined",
     "question_myst",
+    "section_heading",
+    "SectionHeading",
     "tier_myst",
 ]
 
@@ -78,13 +82,76 @@ def label_defined(root: Path, slug: str, label: str) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class SectionHeading:
+    """A labelled heading of a chapter page: its number as the book prints it ("3.2") and its title."""
+
+    number: str
+    title: str
+
+    def __str__(self) -> str:
+        return f"§{self.number} {self.title}"
+
+
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$")
+_CHAPTER = re.compile(r"^ch(\d\d)-")
+_FENCE = re.compile(r"^\s*(`{3,}|:{3,})")
+
+
+def _plain(title: str) -> str:
+    """A heading's text without MyST markup: roles keep their text, backticks and emphasis go."""
+    title = re.sub(r"\{[\w:-]+\}`([^`<]*?)\s*(?:<[^>]*>)?`", r"\1", title)
+    return re.sub(r"[`*]", "", title).strip()
+
+
+def _headings(lines: list[str]):
+    """(level, title, label) for every heading outside fenced blocks; label is the target above it."""
+    fence, label = None, None
+    for line in lines:
+        marker = _FENCE.match(line)
+        if marker and (fence is None or marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence)):
+            fence = None if fence else marker.group(1)
+            continue
+        if fence:
+            continue
+        target = re.fullmatch(r"\(([\w-]+)\)=\s*", line)
+        heading = _HEADING.match(line)
+        if heading:
+            yield len(heading.group(1)), _plain(heading.group(2)), label
+        label = target.group(1) if target else (label if not line.strip() else None)
+
+
+def section_heading(root: Path, slug: str, label: str) -> SectionHeading | None:
+    """The number and title of the heading that ``(label)=`` marks in ``book/<slug>.md``, or None.
+
+    Chapters are numbered from their slug (``ch03-...`` is chapter 3) and headings in page order,
+    as the book's numbered table of contents does; a page without a chapter slug gets no number.
+    """
+    path, chapter = root / "book" / f"{slug}.md", _CHAPTER.match(slug)
+    if not path.is_file():
+        return None
+    counts = [int(chapter.group(1)) if chapter else 0]
+    for level, title, target in _headings(path.read_text(encoding="utf-8").splitlines()):
+        depth = max(level - 1, 0)
+        counts = counts[: depth + 1] + [0] * (depth + 1 - len(counts))
+        if depth:
+            counts[depth] += 1
+        if target == label:
+            return SectionHeading(".".join(map(str, counts)) if chapter else "", title)
+    return None
+
+
 def chapter_link(question: Question, root: Path | None, page_dir: str = "notebooks") -> str:
-    """MyST link from a page in ``root/page_dir`` to the section that teaches ``question``."""
-    text = f"{question.section} ({question.chapter_slug})"
+    """MyST link from a page in ``root/page_dir`` to the section that teaches ``question``.
+
+    With the label defined the link is ``{numref}``, so its text is the section's number and title
+    as the built book shows them.
+    """
+    text = question.chapter_slug
     if root is None:
         return text
     if label_defined(root, question.chapter_slug, question.chapter_label):
-        return f"{{ref}}`{text} <{question.chapter_label}>`"
+        return f"{{numref}}`§{{number}} {{name}} <{question.chapter_label}>`"
     if (root / "book" / f"{question.chapter_slug}.md").is_file():
         up = "../" * len(Path(page_dir).parts)
         return f"[{text}]({up}book/{question.chapter_slug}.md)"
@@ -133,11 +200,17 @@ def design_exercise_myst(exercise: DesignExercise, result: DesignResult) -> str:
 
 
 def notebook_chapter_link(question: Question, root: Path | None, page_dir: str = "notebooks") -> str:
-    """A plain Markdown link from ``root/page_dir`` to the chapter page (text when the page is missing)."""
-    text = f"{question.section} ({question.chapter_slug})"
+    """A plain Markdown link from ``root/page_dir`` to the teaching section, titled "§3.3 Truncation ...".
+
+    Text only (the page slug) when the page is missing; the page top when the label is.
+    """
+    heading = section_heading(root, question.chapter_slug, question.chapter_label) if root else None
     if root is None or not (root / "book" / f"{question.chapter_slug}.md").is_file():
-        return text
-    return f"[{text}]({'../' * len(Path(page_dir).parts)}book/{question.chapter_slug}.md)"
+        return question.chapter_slug
+    target = f"{'../' * len(Path(page_dir).parts)}book/{question.chapter_slug}.md"
+    if heading is None:
+        return f"[{question.chapter_slug}]({target})"
+    return f"[{heading}]({target}#{question.chapter_label})"
 
 
 def _folded(summary: str, body: str) -> str:

@@ -86,6 +86,10 @@ def _div_id(spec_json: str) -> str:
     return f"servelab-fig-{digest[:12]}"
 
 
+UNTITLED_TOP_MARGIN_PX = 40
+"""Top margin of a figure without a title (plotly's default of 100 px leaves a blank band)."""
+
+
 def figure_html(fig: go.Figure, *, height: int | None = None) -> str:
     """The ``<div>`` + ``<script>`` that draws ``fig`` with whatever plotly.js the page has.
 
@@ -98,6 +102,9 @@ def figure_html(fig: go.Figure, *, height: int | None = None) -> str:
         raise ValueError(f"height must be positive, got {height}")
     spec = json.loads(pio.to_json(fig, validate=True))
     spec["config"] = {"responsive": True, "displaylogo": False}
+    layout = spec.setdefault("layout", {})
+    if not (layout.get("title") or {}).get("text") and "t" not in (layout.get("margin") or {}):
+        layout.setdefault("margin", {})["t"] = UNTITLED_TOP_MARGIN_PX  # no blank band above the plot
     spec_json = json.dumps(spec, separators=(",", ":"), sort_keys=True)
     div_id = _div_id(spec_json)
     px = height or fig.layout.height or 450
@@ -244,14 +251,67 @@ def slider_figure(make_figure: Callable[[Any], go.Figure], values: Sequence[Any]
     frames = [go.Frame(name=lab, data=f.data, layout={k: f.layout[k] for k in moving})
               for lab, f in zip(labels, drawn)]
     fig = go.Figure(data=drawn[active].data, layout=drawn[active].layout, frames=frames)
+    fig.update_layout(_shared_axis_ranges(drawn))
     step_args = {"mode": "immediate", "frame": {"duration": 0, "redraw": True},
                  "transition": {"duration": 0}}
     fig.update_layout(sliders=[{
         "active": active,
         "currentvalue": {"prefix": f"{label} = "},
-        "pad": {"t": 40},
         "steps": [{"label": lab, "method": "animate", "args": [[lab], step_args]} for lab in labels],
     }])
+    return tidy_slider_layout(fig)
+
+
+def _shared_axis_ranges(drawn: Sequence[go.Figure]) -> dict[str, Any]:
+    """Numeric axis ranges that differ between frames, widened to hold every frame's range.
+
+    Axes stay fixed across frames (so frames compare honestly); without this, a range set by each
+    frame for its own data would clip the bars of every frame bigger than the one drawn first.
+    """
+    ranges: dict[str, list[tuple[float, float]]] = {}
+    for fig in drawn:
+        for key, axis in fig.layout.to_plotly_json().items():
+            span = axis.get("range") if key.startswith(("xaxis", "yaxis")) else None
+            if span is not None and all(isinstance(v, numbers.Number) for v in span):
+                ranges.setdefault(key, []).append((float(span[0]), float(span[1])))
+    return {f"{key}.range": [min(lo for lo, _ in spans), max(hi for _, hi in spans)]
+            for key, spans in ranges.items() if len(set(spans)) > 1}
+
+
+SLIDER_TOP_MARGIN_PX = 84
+"""Room above the plot of a slider figure: the title on top, the legend in one or two rows below it."""
+
+
+def _legend_rows_px(fig: go.Figure) -> int:
+    """Pixels a horizontal legend needs (a rough 24 px per row of about four entries)."""
+    entries = sum(1 for t in fig.data if t.showlegend is not False and t.name)
+    return 24 * max(1, -(-entries // 4))
+
+
+def tidy_slider_layout(fig: go.Figure) -> go.Figure:
+    """Lay out a slider figure so no two of its text boxes meet.
+
+    The title sits at the top edge, the legend runs horizontally between the title and the plot
+    (clear of subplot titles), and the slider hangs below the x-axis title with its value label,
+    so the legend can never sit on the slider's label (the defect of a legend below the plot).
+    """
+    subplot_titles = any(getattr(a, "yref", None) == "paper" and (a.y or 0) >= 1 for a in fig.layout.annotations)
+    legend_px = _legend_rows_px(fig)
+    title_lines = 1 + str(fig.layout.title.text or "").count("<br>")
+    top = max(fig.layout.margin.t or 0, SLIDER_TOP_MARGIN_PX + legend_px - 24 + 22 * (title_lines - 1)
+              + (26 if subplot_titles else 0))
+    height = fig.layout.height or 450
+    plot_px = max(height - top - (fig.layout.margin.b or 80), 100)
+    lift = (28 if subplot_titles else 6) / plot_px  # paper units above the plot area
+    layout = fig.layout.to_plotly_json()
+    has_x_title = any((axis.get("title") or {}).get("text") for key, axis in layout.items()
+                      if key.startswith("xaxis"))
+    fig.update_layout(
+        title={"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 14}},
+        legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1 + lift, "yanchor": "bottom"},
+        margin={"t": top},
+    )
+    fig.layout.sliders[0].pad = {"t": 70 if has_x_title else 40}
     return fig
 
 
@@ -335,6 +395,22 @@ def table(rows: Sequence[Mapping[str, Any]] | Sequence[Sequence[Any]], *,
 # --------------------------------------------------------------------------------------------------
 
 
+SLIDER_WIDTH_PX = 520
+"""Every live slider is this wide in total, so every panel's tracks have one length."""
+SLIDER_LABEL_PX = 160
+"""The width reserved for a slider's name (the longest, ``repetition_penalty``, fits)."""
+
+
+def selection_slider(name: str, options: Sequence[Any], value: Any):
+    """An ipywidgets SelectionSlider of the course's one size: label 160 px, whole control 520 px."""
+    import ipywidgets as widgets
+
+    return widgets.SelectionSlider(options=list(options), value=value, description=name,
+                                   continuous_update=False,
+                                   style={"description_width": f"{SLIDER_LABEL_PX}px"},
+                                   layout=widgets.Layout(width=f"{SLIDER_WIDTH_PX}px"))
+
+
 def _defaults(make_figure: Callable[..., go.Figure],
               choices: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
     """Each control starts at the function's default when it has one, else at its first choice."""
@@ -381,12 +457,8 @@ class LiveControls:
             return FigureOutput(self.twin())
         import ipywidgets as widgets
 
-        sliders = {
-            name: widgets.SelectionSlider(options=opts, value=self.start[name], description=name,
-                                          continuous_update=False,
-                                          style={"description_width": "initial"})
-            for name, opts in self.choices.items()
-        }
+        sliders = {name: selection_slider(name, opts, self.start[name])
+                   for name, opts in self.choices.items()}
         return widgets.interactive(lambda **kw: show(self.make_figure(**kw)), **sliders)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:

@@ -174,20 +174,26 @@ def _intensity_grid(values: Sequence[float]) -> np.ndarray:
     return np.logspace(np.log10(low / 4), np.log10(high * 4), 200)
 
 
-def _roofline_layout(fig: go.Figure, ridges: Mapping[str, float]) -> go.Figure:
-    """Log axes and one dotted vertical line per ridge point.
+def _ridge_traces(ridges: Mapping[str, float], y_span: tuple[float, float]) -> list[go.Scatter]:
+    """One dotted vertical line per ridge point, named in the legend (no free text to collide)."""
+    return [go.Scatter(x=[ridge, ridge], y=list(y_span), mode="lines", name=f"{name} ridge I* = {ridge:.1f}",
+                       line={"dash": "dot", "color": "grey", "width": 1.5},
+                       hovertemplate=f"{name} ridge point: {ridge:.1f} FLOP/B<extra></extra>")
+            for name, ridge in ridges.items()]
 
-    On a log axis plotly places a shape in data units but an annotation in log10 units.
-    """
-    for name, ridge in ridges.items():
-        fig.add_shape(type="line", x0=ridge, x1=ridge, xref="x", y0=0, y1=1, yref="paper",
-                      line={"dash": "dot", "color": "grey"})
-        fig.add_annotation(x=float(np.log10(ridge)), xref="x", y=1, yref="paper",
-                           text=f"{name}: I* = {ridge:.1f}",
-                           textangle=-90, xanchor="right", yanchor="top", showarrow=False)
+
+def _point_trace(label: str, intensity: float, flops: float, hover: str | None = None) -> go.Scatter:
+    """A kernel or phase as a marked point named in the legend: squares for prefill, circles otherwise."""
+    return go.Scatter(x=[intensity], y=[flops], mode="markers", name=label,
+                      marker={"size": 12, "symbol": "square" if label.endswith("prefill") else "circle"},
+                      hovertemplate=hover or f"{label}: I = %{{x:.3g}} FLOP/B<extra></extra>")
+
+
+def _roofline_layout(fig: go.Figure) -> go.Figure:
+    """Log axes; the legend names every roof, ridge and point, to the right of the plot."""
     fig.update_layout(xaxis_type="log", yaxis_type="log", xaxis_title="arithmetic intensity (FLOP/byte)",
-                      yaxis_title="attainable FLOP/s (upper bound)",
-                      legend={"x": 0.99, "y": 0.01, "xanchor": "right", "yanchor": "bottom"})
+                      yaxis_title="attainable FLOP/s (upper bound)", margin={"t": 40},
+                      legend={"x": 1.02, "y": 1, "xanchor": "left", "yanchor": "top"})
     return fig
 
 
@@ -204,11 +210,11 @@ def roofline_figure(devices: Mapping[str, tuple[float, float]],
     grid = _intensity_grid([*ridges.values(), *kernels.values()])
     fig = go.Figure([_ceiling_trace(name, *spec, grid) for name, spec in devices.items()])
     peak, bandwidth = next(iter(devices.values()))
+    floor = min(float(grid[0]) * b for _, b in devices.values())
+    fig.add_traces(_ridge_traces(ridges, (floor, max(p for p, _ in devices.values()))))
     for name, intensity in kernels.items():
-        fig.add_trace(go.Scatter(x=[intensity], y=[m.attainable_flops(intensity, peak, bandwidth)],
-                                 mode="markers+text", text=[name], textposition="bottom right",
-                                 marker={"size": 11}, name=name, showlegend=False))
-    return _roofline_layout(fig, ridges)
+        fig.add_trace(_point_trace(name, intensity, m.attainable_flops(intensity, peak, bandwidth)))
+    return _roofline_layout(fig)
 
 
 Workloads = Mapping[str, tuple[m.ModelShape, int, int]]
@@ -242,15 +248,14 @@ def roofline_phase_figure(device: tuple[str, float, float], workloads: Workloads
                                     max(c.intensity for c in costs.values()) * 4)
     grid = np.logspace(np.log10(low), np.log10(high), 200)
     fig = go.Figure(_ceiling_trace(name, peak, bandwidth, grid))
+    y_span = (low * bandwidth / 2, peak * 2)
+    fig.add_traces(_ridge_traces(ridges, y_span))
     for label, cost in costs.items():
-        fig.add_trace(go.Scatter(
-            x=[cost.intensity], y=[m.attainable_flops(cost.intensity, peak, bandwidth)],
-            mode="markers+text", text=[label], textposition="top left", showlegend=False,
-            marker={"size": 12, "symbol": "square" if label.endswith("prefill") else "circle"},
-            hovertemplate=f"{label}, batch {batch}: I = %{{x:.3g}} FLOP/B<extra></extra>"))
+        fig.add_trace(_point_trace(label, cost.intensity, m.attainable_flops(cost.intensity, peak, bandwidth),
+                                   f"{label}, batch {batch}: I = %{{x:.3g}} FLOP/B<extra></extra>"))
     fig.update_layout(title=f"batch size {batch}", xaxis_range=[np.log10(low), np.log10(high)],
-                      yaxis_range=[np.log10(low * bandwidth / 2), np.log10(peak * 2)])
-    return _roofline_layout(fig, ridges)
+                      yaxis_range=[np.log10(y_span[0]), np.log10(y_span[1])])
+    return _roofline_layout(fig)
 
 
 def roofline_batch_slider_figure(device: tuple[str, float, float], workloads: Workloads,

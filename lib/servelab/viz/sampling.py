@@ -26,7 +26,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from servelab import sampling as smp
-from servelab.viz.core import LiveControls, live_controls, slider_figure
+from servelab.viz.core import LiveControls, live_controls, selection_slider, slider_figure
 
 if TYPE_CHECKING:
     import ipywidgets
@@ -41,7 +41,9 @@ __all__ = [
     "pipeline_view",
     "sampling_controls",
     "support_size_figure",
+    "control_slider_figures",
     "token_label",
+    "vocab_labels",
 ]
 
 KEPT_COLOR = "#2c7fb8"
@@ -56,7 +58,45 @@ def token_label(text: str) -> str:
     """A printable label for a decoded token: spaces become ``␣``, newlines ``↵``, tabs ``⇥``."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's alphabet inverted: the printable character that stands for each byte.
+
+    Bytes that are printable Latin-1 stand for themselves; the other 68 are shifted to 256 and up,
+    in byte order (the GPT-2 convention the ``tokenizers`` ByteLevel pre-tokenizer uses).
+    """
+    printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    alphabet, shifted = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            alphabet[chr(byte)] = byte
+        else:
+            alphabet[chr(256 + shifted)] = byte
+            shifted += 1
+    return alphabet
+
+
+_BYTES = _byte_alphabet()
+
+
+def _piece_label(piece: str) -> str:
+    """A vocabulary entry as a reader should see it: its text, or ``\\xNN`` for bytes that are not text."""
+    if not all(ch in _BYTES for ch in piece):
+        return piece  # a special token such as <|endoftext|>, shown by name
+    text = bytes(_BYTES[ch] for ch in piece).decode("utf-8", errors="backslashreplace")
+    return token_label(text)
+
+
+def vocab_labels(tokenizer) -> list[str]:
+    """One readable label per token id of a byte-level BPE ``tokenizers.Tokenizer``.
+
+    Whitespace is made visible (``␣``, ``↵``, ``⇥``), a token that holds part of a multi-byte
+    character shows its bytes (``\\xe2\\x80``) instead of the replacement character, and a special token
+    shows its name. Decoding a lone byte token would print "?"-like replacement characters.
+    """
+    return [_piece_label(tokenizer.id_to_token(i)) for i in range(tokenizer.get_vocab_size())]
 
 
 @dataclass(frozen=True)
@@ -111,9 +151,12 @@ def _shown_ids(logits: np.ndarray, show_top: int | None) -> np.ndarray:
 
 
 def _view_caption(view: DistributionView, labels: list[str], max_named: int = 8) -> str:
-    kept = view.support
-    names = ", ".join(labels[i] for i in kept[:max_named]) + (" …" if len(kept) > max_named else "")
-    return f"support ({len(kept)} tokens): {{{names}}} · mass kept {view.kept_mass:.3f}"
+    """Two lines: "support: n tokens · mass kept 0.873", then the most probable of them, quoted
+    (so "?" or "," reads as a token), most probable first."""
+    kept = sorted(view.support, key=lambda i: (-view.after[i], i))
+    names = ", ".join(f"“{labels[i]}”" for i in kept[:max_named]) + (" …" if len(kept) > max_named else "")
+    noun = "token" if len(kept) == 1 else "tokens"
+    return f"support ({len(kept)} {noun}) · mass kept {view.kept_mass:.3f}<br>{{{names}}}"
 
 
 def _bar_traces(view: DistributionView, shown: np.ndarray, labels: list[str]) -> list[go.Bar]:
@@ -136,7 +179,7 @@ def _headroom(views: Sequence[DistributionView], shown: np.ndarray) -> float:
 
 def _distribution_layout(fig: go.Figure, title: str, y_top: float) -> go.Figure:
     fig.update_layout(title=title, barmode="group", yaxis_title="probability", yaxis_range=[0, y_top],
-                      xaxis_title="token", margin={"t": 70, "b": 40},
+                      xaxis_title="token", margin={"t": 90, "b": 40},
                       legend={"x": 0.99, "y": 0.99, "xanchor": "right", "yanchor": "top"})
     return fig
 
@@ -249,6 +292,40 @@ CONTROL_CHOICES: dict[str, tuple[float, ...]] = {
 """The settings each live slider offers (``top_k = 0`` means off); defaults are SamplingParams'."""
 
 
+STATIC_CONTROLS = ("top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+"""The live controls that get a precomputed slider figure of their own besides temperature and top-p."""
+
+
+def _static_choices(name: str, vocab_size: int) -> tuple[list[float], int]:
+    """The slider values for one control (top-k: only k that truncate or just stop doing so) and the
+    index of the setting that leaves the distribution alone, where the slider starts."""
+    if name == "top_k":
+        values = [k for k in CONTROL_CHOICES["top_k"] if 0 < k < vocab_size] + [vocab_size]
+        return values, len(values) - 1
+    values = list(CONTROL_CHOICES[name])
+    return values, values.index(getattr(smp.SamplingParams(), name))
+
+
+def control_slider_figures(logits: Sequence[float] | np.ndarray, labels: Sequence[str], *,
+                           base: smp.SamplingParams | None = None, prompt_ids: Sequence[int] = (),
+                           output_ids: Sequence[int] = (), show_top: int | None = None,
+                           controls: Sequence[str] = STATIC_CONTROLS) -> dict[str, go.Figure]:
+    """One :func:`distribution_slider_figure` per control, so the static book has every live slider.
+
+    Each slider offers the live control's choices (:data:`CONTROL_CHOICES`) and starts where the
+    control is off (top-k at the whole vocabulary, min-p 0, penalties neutral). The penalties act on
+    ``output_ids`` (frequency, presence) and on ``prompt_ids`` plus ``output_ids`` (repetition).
+    """
+    size = np.asarray(logits).size
+    figures = {}
+    for name in controls:
+        values, active = _static_choices(name, size)
+        figures[name] = distribution_slider_figure(
+            logits, labels, param=name, values=values, base=base, prompt_ids=prompt_ids,
+            output_ids=output_ids, show_top=show_top, active=active)
+    return figures
+
+
 def _params_from_controls(top_k: int = 0, **values: float) -> smp.SamplingParams:
     """SamplingParams from slider values, mapping the slider's ``top_k = 0`` to "disabled"."""
     return smp.SamplingParams(top_k=top_k or None, **values)
@@ -292,9 +369,7 @@ def generation_controls(generate: Callable[[smp.SamplingParams], str], *,
     if not callable(generate):
         raise TypeError("generate must be callable: SamplingParams -> str")
     defaults = smp.SamplingParams()
-    sliders = {name: w.SelectionSlider(options=options, description=name, continuous_update=False,
-                                       value=0 if name == "top_k" else getattr(defaults, name),
-                                       style={"description_width": "150px"})
+    sliders = {name: selection_slider(name, options, 0 if name == "top_k" else getattr(defaults, name))
                for name, options in CONTROL_CHOICES.items()}
     seed = w.IntText(0, description="seed")
     button = w.Button(description="generate")

@@ -71,6 +71,24 @@ def _cell_bars(fig: go.Figure, cells: Mapping[str, list[tuple[float, float, str]
                          hoverinfo="text"), row=row, col=1)
 
 
+LANE_PX, PANEL_GAP_PX = 24, 60
+"""Height of one request lane and the gap between stacked panels (room for the next panel's title)."""
+
+
+def _stacked_panels(n_panels: int, n_lanes: int) -> tuple[int, float]:
+    """Plot height in pixels and make_subplots' vertical_spacing for panels of ``n_lanes`` lanes."""
+    plot_px = LANE_PX * n_lanes * n_panels + PANEL_GAP_PX * (n_panels - 1)
+    return plot_px, PANEL_GAP_PX / plot_px if n_panels > 1 else 0.0
+
+
+def _stacked_layout(fig: go.Figure, title: str, plot_px: int) -> None:
+    """Title on top, the legend in one row between it and the first panel's title, no slack below."""
+    fig.update_layout(barmode="overlay", title={"text": title, "yref": "container", "y": 1, "yanchor": "top",
+                                                "pad": {"t": 14}},
+                      height=plot_px + 110 + 70, margin={"t": 110, "b": 70},
+                      legend={"orientation": "h", "x": 0, "y": 1 + 34 / plot_px, "yanchor": "bottom"})
+
+
 def tick_gantt_figure(traces: Mapping[str, Sequence[TickRecord]], *, title: str = "") -> go.Figure:
     """One Gantt panel per policy from ``simulate_batching``/``simulate_queue_policies`` traces.
 
@@ -80,7 +98,8 @@ def tick_gantt_figure(traces: Mapping[str, Sequence[TickRecord]], *, title: str 
     if not traces:
         raise ValueError("traces must map at least one policy name to its TickRecord list")
     names = _lanes(n for trace in traces.values() for rec in trace for n in rec.active + rec.queued)
-    fig = make_subplots(rows=len(traces), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+    plot_px, spacing = _stacked_panels(len(traces), len(names))
+    fig = make_subplots(rows=len(traces), cols=1, shared_xaxes=True, vertical_spacing=spacing,
                         subplot_titles=list(traces))
     for row, (policy, trace) in enumerate(traces.items(), start=1):
         kinds: dict[str, dict[str, list]] = {k: {n: [] for n in names} for k in ("emit", "stall", "queue")}
@@ -96,8 +115,7 @@ def tick_gantt_figure(traces: Mapping[str, Sequence[TickRecord]], *, title: str 
             _cell_bars(fig, kinds[kind], colour, label, row, row == 1)
         fig.update_yaxes(categoryorder="array", categoryarray=names[::-1], row=row, col=1)
     fig.update_xaxes(title_text="tick", dtick=1, row=len(traces), col=1)
-    fig.update_layout(barmode="overlay", title=title, height=170 + 45 * len(names) * len(traces),
-                      legend={"orientation": "h", "y": -0.15})
+    _stacked_layout(fig, title, plot_px)
     return fig
 
 
@@ -116,7 +134,8 @@ def engine_gantt_figure(runs: Mapping[str, Sequence[StepRecord]], *, unit_ms: bo
     if not runs or any(not records for records in runs.values()):
         raise ValueError("runs must map each run name to a non-empty list of StepRecord")
     names = _lanes(n for records in runs.values() for n in _request_ids(records))
-    fig = make_subplots(rows=len(runs), cols=1, shared_xaxes=True, vertical_spacing=0.1,
+    plot_px, spacing = _stacked_panels(len(runs), len(names))
+    fig = make_subplots(rows=len(runs), cols=1, shared_xaxes=True, vertical_spacing=spacing,
                         subplot_titles=list(runs))
     for row, records in enumerate(runs.values(), start=1):
         origin = records[0].start
@@ -132,8 +151,7 @@ def engine_gantt_figure(runs: Mapping[str, Sequence[StepRecord]], *, unit_ms: bo
         _cell_bars(fig, cells["decode"], DECODE_COLOR, "decode", row, row == 1)
         fig.update_yaxes(categoryorder="array", categoryarray=names[::-1], row=row, col=1)
     fig.update_xaxes(title_text="ms since the first step" if unit_ms else "engine step", row=len(runs), col=1)
-    fig.update_layout(barmode="overlay", title=title, height=170 + 32 * len(names) * len(runs),
-                      legend={"orientation": "h", "y": -0.12})
+    _stacked_layout(fig, title, plot_px)
     return fig
 
 
@@ -217,10 +235,8 @@ def admission_limits_figure(runs: Mapping[str, Mapping[str, Sequence[int]]]) -> 
             fig.add_hline(y=run["limit"], line={"dash": "dot", "color": "#555555"}, row=row, col=1)
         fig.update_yaxes(title_text="requests", rangemode="tozero", row=row, col=1)
     fig.update_xaxes(title_text="engine step", row=len(runs), col=1)
-    height = 140 + 150 * len(runs)
-    fig.update_layout(height=height, title="Each limit alone is enough to keep requests waiting",
-                      legend={"orientation": "h", "x": 0, "y": 1 + 30 / (height - 190), "yanchor": "bottom"},
-                      margin={"t": 110})
+    plot_px = 150 * len(runs)
+    _stacked_layout(fig, "Each limit alone is enough to keep requests waiting", plot_px)
     return fig
 
 
