@@ -207,7 +207,7 @@ def temperature_from_probs(probs: FloatVector, temperature: float) -> np.ndarray
     factor cancels.) Tokens with ``p_i = 0`` stay at 0; ``T`` must be > 0.
     """
     p = _check_probs(probs)
-    t = _check_real(temperature, "temperature", 0.0, math.inf, low_open=True, high_open=True)
+    t = require_interval("temperature", temperature, 0.0, math.inf, low_open=True, high_open=True)
     kept = p > 0
     log_weights = np.full(p.shape, -math.inf)
     log_weights[kept] = np.log(p[kept]) / t
