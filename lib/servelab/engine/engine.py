@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence as SequenceOf
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
