@@ -1,5 +1,6 @@
-"""What a caller can do with requests besides adding them and stepping: cancel, pause and resume a request
-in flight, and two drivers that step the engine themselves (:meth:`~RequestControls.stream` for one
+"""What a caller can do with requests besides adding them and stepping: ask for the engine's load
+(:meth:`~RequestControls.stats`), cancel, pause and resume a request in flight, and two drivers that
+step the engine themselves (:meth:`~RequestControls.stream` for one
 request's text, :meth:`~RequestControls.generate` for an offline batch).
 
 :class:`RequestControls` is mixed into :class:`~servelab.engine.engine.LLMEngine`; every ending still goes
@@ -9,20 +10,38 @@ through the engine's one terminal path (``_end``). System boundary: the engine's
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence as SequenceOf
+from dataclasses import dataclass
 
 from servelab.engine.outputs import RequestOutput
 from servelab.lifecycle import RequestState
 from servelab.sampling import SamplingParams
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's load between two steps: sequences per scheduler queue, and the fraction of KV blocks
+    in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free)."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    kv_cache_usage: float
+
+
 class RequestControls:
     """Cancel / pause / resume and the ``stream`` / ``generate`` drivers of ``LLMEngine``.
 
-    They use the engine's ``add_request``, ``step``, ``clock``, ``_live`` (the request if it has not
+    They use the engine's ``scheduler`` and ``allocator`` (for :meth:`stats`), ``add_request``, ``step``, ``clock``, ``_live`` (the request if it has not
     ended), ``_end`` (the terminal path) and ``_pending`` (final outputs the next step returns).
     """
 
     _pending: list[RequestOutput]
+
+    def stats(self) -> EngineStats:
+        """Sequences running, waiting and swapped out now, and the KV pool's used fraction (what the
+        server's ``/metrics`` and its queue limit read: public questions, not the scheduler's lists)."""
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
+                           self.allocator.num_used_blocks / self.allocator.num_blocks)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request; its final output (``finish_reason="cancelled"``) comes from the next step.

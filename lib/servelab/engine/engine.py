@@ -29,14 +29,13 @@ import itertools
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from servelab.chat_template import ChatTemplate
 from servelab.engine.config import EngineConfig
-from servelab.engine.control import RequestControls
+from servelab.engine.control import EngineStats, RequestControls
 from servelab.engine.model_runner import ForwardInput, ModelRunner, resolve_device_dtype
 from servelab.engine.outputs import (RequestOutput, SampleOutput, SampleStream, TokenUsage, accept_token,
                                      request_output, settle)
@@ -51,17 +50,6 @@ from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling import SamplingParams
 
 __all__ = ["FINISH_REASONS", "EngineStats", "LLMEngine", "RequestOutput", "SampleOutput", "TokenUsage"]
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """The engine's load between two steps: sequences per scheduler queue, and the fraction of KV blocks
-    in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free)."""
-
-    num_running: int
-    num_waiting: int
-    num_swapped: int
-    kv_cache_usage: float
 
 
 class LLMEngine(RequestControls):
@@ -141,11 +129,6 @@ class LLMEngine(RequestControls):
         self._samples.update((s.seq.seq_id, s) for s in request.samples)
         self.scheduler.add(request.seq)  # the siblings join when it forks, after its prompt
         return request_id
-
-    def stats(self) -> EngineStats:
-        """Sequences running, waiting and swapped out now, and the KV pool's used fraction."""
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
-                           self.allocator.num_used_blocks / self.allocator.num_blocks)
 
     def has_unfinished(self) -> bool:
         """True while some request has not ended (or an ended one's final output is not yet returned)."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from servelab.engine.engine import EngineStats
+from servelab.engine.control import EngineStats
 
 __all__ = ["ServerMetrics", "CONTENT_TYPE_LATEST", "LATENCY_BUCKETS_S", "FINISHED_REASONS"]
 
