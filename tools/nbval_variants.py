@@ -87,14 +87,28 @@ def check_forced(env: dict[str, str]) -> None:
         raise SystemExit(f"ATEN_CPU_CAPABILITY={want.lower()} is not in effect: torch runs {got}")
 
 
-def run_variant(name: str, overrides: dict[str, str], notebooks: list[Path]) -> int:
+def start_variant(name: str, overrides: dict[str, str], notebooks: list[Path]) -> subprocess.Popen:
+    """Start nbval on ``notebooks`` under ``overrides``; its output is collected, not streamed."""
     env = {**os.environ, **overrides}
     check_forced(env)
-    print(f"== {name}: {' '.join(f'{k}={v}' for k, v in overrides.items())}", flush=True)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
            "--nbval-current-env", "--nbval-sanitize-with", "notebooks/sanitize.cfg",
            *[str(p.relative_to(ROOT)) for p in notebooks]]
-    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_variants(runs: list[tuple[str, dict[str, str]]], notebooks: list[Path]) -> list[str]:
+    """Run the variants, as many at a time as there are CPU cores (each is one kernel, one thread of
+    Python); print each one's report when it ends; return the names of those that failed."""
+    failed, width = [], max(1, os.cpu_count() or 1)
+    for first in range(0, len(runs), width):
+        started = [(name, env, start_variant(name, env, notebooks)) for name, env in runs[first:first + width]]
+        for name, env, process in started:
+            output, _ = process.communicate()
+            print(f"== {name}: {' '.join(f'{k}={v}' for k, v in env.items())}\n{output}", flush=True)
+            if process.returncode != 0:
+                failed.append(name)
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(str(p.relative_to(ROOT)) for p in notebooks))
         print("\n".join(f"variant: {name} {env}" for name, env in runs))
         return 0
-    failed = [name for name, env in runs if run_variant(name, env, notebooks) != 0]
+    failed = run_variants(runs, notebooks)
     if failed:
         print(f"checked outputs differ under: {'; '.join(failed)}", file=sys.stderr)
         return 1
