@@ -100,3 +100,13 @@ def test_engine_config_takes_what_pick_device_returns_as_plain_names():
     assert (config.device, config.dtype) == ("cpu", "bfloat16")
     with pytest.raises(TypeError, match="device must be a str"):
         EngineConfig(device=3)
+
+
+def test_engine_keeps_a_given_model_where_its_caller_put_it(monkeypatch):
+    """Unset device/dtype follow the model, not the environment: the engine never casts a caller's model."""
+    monkeypatch.setenv(DTYPE_ENV, "bfloat16")
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    assert resolve_device_dtype(EngineConfig(), model) == (torch.device("cpu"), torch.float32)
+    assert resolve_device_dtype(EngineConfig()) == (torch.device("cpu"), torch.bfloat16)  # no model: the rule
+    assert resolve_device_dtype(EngineConfig(dtype="bfloat16"), model)[1] == torch.bfloat16  # asked for

@@ -41,10 +41,11 @@ class EngineConfig:
             prompt + ``max_tokens`` blocks at admission, never preempt).
         max_model_len: context limit in tokens (prompt + output); ``None`` uses the model's
             ``max_position_embeddings``.
-        device: torch device string; ``None`` follows :func:`servelab.device.pick_device` (the
-            ``SERVELAB_DEVICE`` variable, else CUDA when available, else CPU).
-        dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; ``None`` follows ``pick_device``
-            (``SERVELAB_DTYPE``, else bf16 on CUDA and fp32 on CPU).
+        device: torch device string; ``None`` keeps the model where it is (``from_pretrained``, which
+            loads the model itself, follows :func:`servelab.device.pick_device`: the ``SERVELAB_DEVICE``
+            variable, else CUDA when available, else CPU).
+        dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; ``None`` keeps the model's dtype
+            (``from_pretrained``: ``pick_device``, i.e. ``SERVELAB_DTYPE``, else bf16 on CUDA, fp32 on CPU).
         seed: seeds the generator that draws a seed for each request that has none.
     """
 

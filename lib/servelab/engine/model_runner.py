@@ -64,9 +64,14 @@ class ForwardInput:
         return batch
 
 
-def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    """The configured device and dtype, or the course's one rule for them (:func:`servelab.device.pick_device`)."""
-    return pick_device(config.device, config.dtype)
+def resolve_device_dtype(config: EngineConfig, model: LlamaForCausalLM | None = None) -> tuple[torch.device, torch.dtype]:
+    """The configured device and dtype. A field left ``None`` follows ``model``'s weights when a model is
+    given (its caller already put it somewhere: the engine never moves or casts it behind their back),
+    else the course's one rule (:func:`servelab.device.pick_device`)."""
+    weight = None if model is None else model.lm_head.weight
+    device = config.device if config.device is not None or weight is None else weight.device
+    dtype = config.dtype if config.dtype is not None or weight is None else weight.dtype
+    return pick_device(device, dtype)
 
 
 class HostSwapSpace(SlotPool):
@@ -102,13 +107,13 @@ class HostSwapSpace(SlotPool):
 class ModelRunner:
     """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``num_blocks`` blocks.
 
-    The model is moved to the configured device and dtype in place. The pool holds ``num_blocks`` blocks:
+    The model is moved to the configured device and dtype in place (unset fields keep the model's own). The pool holds ``num_blocks`` blocks:
     ``config.num_blocks``, or as many as ``config.kv_cache_memory_bytes`` pays for
     (``bytes_per_block = 2 * layers * block_size * kv_heads * head_dim * bytes_per_element``).
     """
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
-        self.device, self.dtype = resolve_device_dtype(config)
+        self.device, self.dtype = resolve_device_dtype(config, model)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         cfg = model.config
         self.block_size = config.block_size
