@@ -247,30 +247,36 @@ def bench_chunked_prefill(model, tokenizer, rng, streams: int, long_len: int, ch
     return result
 
 
+def decoding_engine(model: LlamaForCausalLM, tokenizer, batch: int, context: int, steps: int,
+                    rng: random.Random) -> LLMEngine:
+    """An engine with ``batch`` random prompts of ``context`` tokens, every one prefilled (in as many
+    steps as the token budget needs) and ready for at least ``steps`` pure decode steps."""
+    blocks_per_seq = -(-(context + steps + 4) // 16)
+    engine = LLMEngine(model, tokenizer, engine_config(model, max_num_seqs=batch, block_size=16,
+                                                       num_blocks=batch * blocks_per_seq + 1,
+                                                       max_num_batched_tokens=max(512, context)))
+    for prompt in random_prompts(rng, batch, context, context, model.config.vocab_size):
+        engine.add_request(prompt, greedy(steps + 4))
+    engine.step()
+    while engine.scheduler.waiting or engine.trace[-1].prefill_tokens:
+        engine.step()
+    return engine
+
+
 def bench_step_cost(model, tokenizer, rng, batch_sizes: tuple[int, ...], context: int, steps: int,
                     repeats: int) -> dict:
-    """CPU seconds of one decode step with ``batch`` sequences of about ``context`` tokens each.
-
-    Every sequence is prefilled first (in as many steps as the token budget needs); the timed steps are
-    pure decode, one new token per sequence.
-    """
-    vocab = model.config.vocab_size
+    """CPU seconds of one decode step with ``batch`` sequences of about ``context`` tokens each: the best
+    of ``repeats`` runs of ``steps`` pure decode steps (one new token per sequence) on a
+    :func:`decoding_engine`."""
     step_s: dict[str, float] = {}
     for batch in batch_sizes:
-        engine = LLMEngine(model, tokenizer, engine_config(model, max_num_seqs=batch))
         best = float("inf")
         for _ in range(repeats):
-            for prompt in random_prompts(rng, batch, context, context, vocab):
-                engine.add_request(prompt, greedy(steps + 2))
-            engine.step()
-            while engine.scheduler.waiting or engine.trace[-1].prefill_tokens:  # prefill in token-budget chunks
-                engine.step()
+            engine = decoding_engine(model, tokenizer, batch, context, steps, rng)
             start = time.process_time()
             for _ in range(steps):
                 engine.step()
             best = min(best, (time.process_time() - start) / steps)
-            while engine.has_unfinished():
-                engine.step()
         step_s[str(batch)] = best  # JSON keys are strings
     return {"context_tokens": context, "timed_steps": steps, "step_s": step_s}
 

@@ -46,7 +46,7 @@ import torch
 
 from servelab.device import pick_device
 from servelab.engine import bench
-from servelab.engine.engine import LLMEngine
+from servelab.kv import kv_bytes_per_token
 from servelab.model import LlamaForCausalLM, llama_config_from_hf, load_checkpoint, load_tokenizer
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
 
@@ -179,35 +179,21 @@ def weight_bytes(model: LlamaForCausalLM) -> int:
     return sum(unique.values())
 
 
-def kv_bytes_per_token(model: LlamaForCausalLM) -> int:
+def model_kv_bytes_per_token(model: LlamaForCausalLM) -> int:
     """Bytes of K and V one cached token holds over all layers, in the model's dtype."""
     cfg = model.config
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * model.lm_head.weight.element_size()
-
-
-def decode_engine(model: LlamaForCausalLM, tokenizer, batch: int, context: int, steps: int,
-                  rng: random.Random) -> LLMEngine:
-    """An engine with ``batch`` sequences of ``context`` prompt tokens, prefilled, ready for decode steps."""
-    blocks_per_seq = -(-(context + steps + 4) // 16)
-    engine = LLMEngine(model, tokenizer, bench.engine_config(model, max_num_seqs=batch, block_size=16,
-                                                             num_blocks=batch * blocks_per_seq + 1,
-                                                             max_num_batched_tokens=max(512, context)))
-    for prompt in bench.random_prompts(rng, batch, context, context, model.config.vocab_size):
-        engine.add_request(prompt, bench.greedy(steps + 4))
-    engine.step()
-    while engine.scheduler.waiting or engine.trace[-1].prefill_tokens:
-        engine.step()
-    return engine
+    return kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
+                              model.lm_head.weight.element_size())
 
 
 def step_row(model, tokenizer, batch: int, sizes: Sizes, probes: dict, rng: random.Random) -> dict:
     """One decode-step measurement at ``batch`` sequences, with its two floors (seconds)."""
     device = model.lm_head.weight.device
-    engine = decode_engine(model, tokenizer, batch, sizes.step_context, sizes.timed_steps + 1, rng)
+    engine = bench.decoding_engine(model, tokenizer, batch, sizes.step_context, sizes.timed_steps + 1, rng)
     kernels = count_kernels(engine.step, device)  # one pure decode step, profiled (not timed)
     steps = sizes.timed_steps
     step_s = timed(lambda: [engine.step() for _ in range(steps)], device) / steps
-    moved = weight_bytes(model) + batch * (sizes.step_context + 1) * kv_bytes_per_token(model)
+    moved = weight_bytes(model) + batch * (sizes.step_context + 1) * model_kv_bytes_per_token(model)
     return {"batch": batch, "context_tokens": sizes.step_context, "step_s": step_s, "bytes_moved": moved,
             "bandwidth_floor_s": moved / probes["copy_bandwidth_bytes_per_s"], "kernels": kernels,
             "launch_floor_s": None if kernels is None else kernels * probes["launch_s"]}
