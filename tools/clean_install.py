@@ -71,12 +71,9 @@ def copy_notebooks(folder: Path) -> list[Path]:
 
 def error_cells(path: Path) -> list[str]:
     """Run one notebook in its folder (errors kept in the outputs); one line per error cell."""
-    import nbformat
-    from nbclient import NotebookClient
+    from execute_notebooks import execute  # this folder's runner, the one that writes committed outputs
 
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    nb, _, _ = execute(path, CELL_TIMEOUT_S, allow_errors=True)
     found = []
     for index, cell in enumerate(nb.cells):
         for output in cell.get("outputs", []):

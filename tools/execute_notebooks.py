@@ -59,10 +59,11 @@ def output_problems(nb: nbformat.NotebookNode) -> list[str]:
     return problems
 
 
-def execute(path: Path, timeout: int) -> tuple[nbformat.NotebookNode, float, str | None]:
-    """Execute one notebook in its folder; return it, the wall time and the error (if any)."""
+def execute(path: Path, timeout: int, allow_errors: bool = False) -> tuple[nbformat.NotebookNode, float, str | None]:
+    """Execute one notebook in its folder; return it, the wall time and the error (if any). With
+    ``allow_errors`` every cell runs and each error stays in its cell's outputs instead."""
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     try:
