@@ -195,8 +195,9 @@ def _content(content: object, param: str) -> str:
     return check_text(content, param)
 
 
-def render_chat(messages: object) -> str:
-    """The course model's chat template: ``"NAME:\\ncontent\\n\\n"`` per message, then ``"ASSISTANT:\\n"``."""
+def chat_turns(messages: object) -> list[tuple[str, str | None, str]]:
+    """``messages`` checked field by field: one ``(role, name or None, content text)`` per message; a
+    400 names the first bad field."""
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list of {role, content} objects", "messages")
     turns = []
@@ -212,8 +213,14 @@ def render_chat(messages: object) -> str:
             raise bad(f"messages[{i}].name must be a one-line non-empty string", f"messages[{i}].name")
         if name is not None:
             check_text(name, f"messages[{i}].name")
-        turns.append(f"{name or role.upper()}:\n{content}\n\n")
-    return "".join(turns) + "ASSISTANT:\n"
+        turns.append((role, name, content))
+    return turns
+
+
+def render_chat(messages: object) -> str:
+    """The course model's chat template: ``"NAME:\\ncontent\\n\\n"`` per message, then ``"ASSISTANT:\\n"``."""
+    return "".join(f"{name or role.upper()}:\n{content}\n\n" for role, name, content in chat_turns(messages)) \
+        + "ASSISTANT:\n"
 
 
 def _stop_strings(body: dict, course_chat: bool) -> tuple[str, ...]:
@@ -300,11 +307,9 @@ def _model(body: dict, config: ServerConfig) -> None:
 def chat_prompt(messages: object, template: ChatTemplate | None) -> str:
     """The prompt for chat ``messages``: the model's own chat template when its checkpoint has one,
     else the course format (:func:`render_chat`). Every field is checked either way."""
-    course = render_chat(messages)
     if template is None:
-        return course
-    turns = [{"role": m["role"], "content": _content(m.get("content"), f"messages[{i}].content")}
-             for i, m in enumerate(messages)]
+        return render_chat(messages)
+    turns = [{"role": role, "content": content} for role, _, content in chat_turns(messages)]
     try:
         return template.apply(turns)
     except ValueError as exc:
