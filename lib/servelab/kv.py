@@ -27,6 +27,7 @@ __all__ = [
     "physical_blocks_with_sharing",
     "kv_heads_per_tp_rank",
     "prefix_block_key",
+    "full_block_keys",
     "OutOfBlocks",
     "DoubleFreeError",
     "BlockCopy",
@@ -80,8 +81,9 @@ def physical_blocks_no_sharing(lengths: Iterable[int], block_size: int) -> int:
     return sum(blocks_for(n, block_size) for n in lengths)
 
 
-def _full_block_keys(tokens: Sequence[int], block_size: int, namespace: str) -> list[bytes]:
-    """Chain keys of every *full* block of ``tokens``; a partial tail block gets no key."""
+def full_block_keys(tokens: Sequence[int], block_size: int, namespace: str = "") -> list[bytes]:
+    """Chain keys (:func:`prefix_block_key`) of every *full* block of ``tokens``, the keys the prefix
+    cache indexes; a partial tail block gets no key."""
     keys: list[bytes] = []
     parent: bytes | None = None
     for start in range(0, len(tokens) - block_size + 1, block_size):
@@ -108,7 +110,7 @@ def physical_blocks_with_sharing(token_sequences: Iterable[Sequence[int]], block
     partial_tails = 0
     for i, seq in enumerate(token_sequences):
         tokens = require_indices(f"token_sequences[{i}]", seq, 0)
-        distinct_full.update(_full_block_keys(tokens, block_size, ""))
+        distinct_full.update(full_block_keys(tokens, block_size))
         partial_tails += 1 if len(tokens) % block_size else 0
     return len(distinct_full) + partial_tails
 

@@ -11,8 +11,8 @@ Both designs reuse the K/V of an *exact* token prefix; they differ in granularit
   lookup follows the new prompt token by token, so reuse is the longest common prefix with anything
   cached (with a page size of 1 token, SGLang's default).
 
-System boundary: token ids in, reused token counts out. No K/V, no eviction, no namespaces; the
-hash is Python's ``hash`` of a tuple (a real engine uses a collision-resistant hash).
+System boundary: token ids in, reused token counts out. No K/V, no eviction, one namespace; the block
+keys are the allocator's own (SHA-256 chains, :func:`servelab.kv.full_block_keys`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servelab._validate import require_int
+from servelab.kv import full_block_keys
 
 __all__ = ["block_hash_keys", "block_hash_reuse", "radix_reuse"]
 
@@ -30,16 +31,11 @@ def _tokens(name: str, ids: Sequence[int]) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def block_hash_keys(ids: Sequence[int], block_size: int) -> list[int]:
-    """One chained key per *full* block of ``ids``: ``key_i = hash(key_{i-1}, tokens of block i)``."""
+def block_hash_keys(ids: Sequence[int], block_size: int) -> list[bytes]:
+    """One chained key per *full* block of ``ids``, ``key_i = hash(key_{i-1}, tokens of block i)``: the
+    engine's own prefix-cache keys (:func:`servelab.kv.full_block_keys`)."""
     require_int("block_size", block_size, minimum=1)
-    ids = _tokens("ids", ids)
-    keys: list[int] = []
-    parent = None
-    for start in range(0, len(ids) - block_size + 1, block_size):
-        parent = hash((parent, ids[start:start + block_size]))
-        keys.append(parent)
-    return keys
+    return full_block_keys(_tokens("ids", ids), block_size)
 
 
 def block_hash_reuse(cached: Sequence[Sequence[int]], prompt: Sequence[int], block_size: int) -> int:
