@@ -25,11 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 APPENDIX = BOOK / "appendix-a-checks.md"
 
-# Guards whose chapter paragraph has no (guard-dNN)= target yet: their appendix entry links the
-# chapter page with {doc} instead. [D10]'s paragraph is in §8 (book/ch08-from-scratch.md). Once the
-# target exists, link it with {ref} in the appendix and remove the id from this set.
-PENDING_GUARDS = set()
-
 TARGET = re.compile(r"^\(check-(d\d\d)\)=[ \t]*$", re.MULTILINE)
 GUARD_TARGET = re.compile(r"^\(guard-(d\d\d)\)=[ \t]*$", re.MULTILINE)
 GUARD_REF = re.compile(r"\{ref\}`[^`<]*<guard-(d\d\d)>`")
@@ -165,10 +160,6 @@ def test_each_entry_links_its_guarded_paragraph_and_the_paragraph_links_back():
     labels, problems = guard_labels(), []
     for check_id in check_ids():
         refs = GUARD_REF.findall(ENTRIES[check_id])
-        if check_id in PENDING_GUARDS:
-            if check_id in labels:
-                problems.append(f"guard-{check_id} exists now: link it with {{ref}} and drop it from PENDING_GUARDS")
-            continue
         if refs != [check_id]:
             problems.append(f"check-{check_id} links guards {refs}, expected exactly guard-{check_id}")
         pages = labels.get(check_id, [])
