@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
 import servelab.exercises
 from servelab.exercises import (
@@ -14,6 +16,8 @@ from servelab.exercises import (
     check_goodput,
     check_kv_sizing,
     check_min_p,
+    check_paged_attention,
+    check_scheduler_tick,
     check_speculative,
     check_stop_buffer,
     check_top_p,
@@ -28,6 +32,7 @@ from servelab.exercises._reference import (
     reference_residual,
     reference_tick,
 )
+from servelab.exercises import attention, tick
 from servelab.exercises.catalog import EXERCISES
 from servelab.metrics import goodput, meets_slo
 from servelab.sampling import min_p_filter, top_p_filter
@@ -156,6 +161,99 @@ def goodput_as_fraction(records, ttft_slo, tpot_slo, window):
     return sum(meets_slo(r, ttft_slo, tpot_slo) for r in records) / len(records)
 
 
+def paged_attention_gather(q, k_cache, v_cache, block_table, positions):
+    """A plain, correct student-style paged attention: gather through the table, mask, softmax by hand."""
+    block_size, length = k_cache.shape[1], int(positions[-1]) + 1
+    p = torch.arange(length)
+    physical = torch.tensor(block_table)[p // block_size]
+    k, v = k_cache[physical, p % block_size], v_cache[physical, p % block_size]
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("thd,lhd->htl", q, k) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(p[None, None, :] > positions[None, :, None], float("-inf"))
+    return torch.einsum("htl,lhd->thd", scores.softmax(dim=-1), v)
+
+
+def paged_attention_ignores_table(q, k_cache, v_cache, block_table, positions):
+    """Reads physical blocks 0, 1, 2, ... as if the table were the identity."""
+    return paged_attention_gather(q, k_cache, v_cache, list(range(len(block_table))), positions)
+
+
+def paged_attention_no_causal_mask(q, k_cache, v_cache, block_table, positions):
+    """Lets every query of the chunk see the whole context, later positions of the chunk included."""
+    return paged_attention_gather(q, k_cache, v_cache, block_table, positions[-1].expand(len(positions)))
+
+
+def paged_attention_head_modulo(q, k_cache, v_cache, block_table, positions):
+    """Grouped-query attention with query head h on KV head h % n_kv_heads (``repeat``, not ``repeat_interleave``)."""
+    n_kv = k_cache.shape[2]
+    heads = [paged_attention_gather(q[:, h:h + 1], k_cache[:, :, h % n_kv:h % n_kv + 1],
+                                    v_cache[:, :, h % n_kv:h % n_kv + 1], block_table, positions)
+             for h in range(q.shape[1])]
+    return torch.cat(heads, dim=1)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _take(seq, budget, free, block_size):
+    """(n, new blocks) for one sequence under the tick's rule."""
+    _, computed, tokens, blocks = seq
+    n = min(tokens - computed, budget)
+    return n, max(0, _ceil_div(computed + n, block_size) - blocks)
+
+
+def schedule_fcfs(running, waiting, free_blocks, block_size, token_budget, max_num_seqs):
+    """A plain, correct student-style tick: running first (skip on blocks), then FCFS admission (stop on blocks)."""
+    plan, budget, free = [], token_budget, free_blocks
+    for seq in running:
+        if budget == 0:
+            return plan
+        n, need = _take(seq, budget, free, block_size)
+        if need <= free:
+            plan.append((seq[0], n))
+            budget, free = budget - n, free - need
+    for admitted, seq in enumerate(waiting):
+        if budget == 0 or len(running) + admitted >= max_num_seqs:
+            break
+        n, need = _take(seq, budget, free, block_size)
+        if need > free:
+            break
+        plan.append((seq[0], n))
+        budget, free = budget - n, free - need
+    return plan
+
+
+def schedule_prefill_first(running, waiting, free_blocks, block_size, token_budget, max_num_seqs):
+    """Admits waiting prompts before the running decodes get their tokens."""
+    admitted = schedule_fcfs([], waiting, free_blocks, block_size, token_budget, max_num_seqs - len(running))
+    seqs = {s[0]: s for s in waiting}
+    budget = token_budget - sum(n for _, n in admitted)
+    free = free_blocks - sum(_take(seqs[rid], n, free_blocks, block_size)[1] for rid, n in admitted)
+    return admitted + schedule_fcfs(running, [], free, block_size, budget, max_num_seqs)
+
+
+def schedule_ignores_blocks(running, waiting, free_blocks, block_size, token_budget, max_num_seqs):
+    """Never looks at the free blocks."""
+    return schedule_fcfs(running, waiting, 10**9, block_size, token_budget, max_num_seqs)
+
+
+def schedule_never_chunks(running, waiting, free_blocks, block_size, token_budget, max_num_seqs):
+    """Admits a prompt only if it fits the budget whole."""
+    plan = schedule_fcfs(running, [], free_blocks, block_size, token_budget, max_num_seqs)
+    seqs = {s[0]: s for s in running}
+    budget = token_budget - sum(n for _, n in plan)
+    free = free_blocks - sum(_take(seqs[rid], n, free_blocks, block_size)[1] for rid, n in plan)
+    for admitted, seq in enumerate(waiting):
+        n, need = _take(seq, budget, free, block_size)
+        if n < seq[2] - seq[1] or need > free or len(running) + admitted >= max_num_seqs:
+            break
+        plan.append((seq[0], n))
+        budget, free = budget - n, free - need
+    return plan
+
+
 def not_implemented(*args):
     raise NotImplementedError("write your code here")
 
@@ -231,6 +329,18 @@ CHECKS = [
      "every request reserves its prompt plus its whole output allowance"),
     ("admission (skipping)", check_admission, (reference_admit,), (admit_skipping,),
      "first come, first served: a request that must wait blocks the ones behind it"),
+    ("paged attention (ignores the table)", check_paged_attention, (paged_attention_gather,),
+     (paged_attention_ignores_table,), "the block table maps logical blocks to physical ones, in any order"),
+    ("paged attention (no causal mask)", check_paged_attention, (paged_attention_gather,),
+     (paged_attention_no_causal_mask,), "a whole prompt from position 0 is causal"),
+    ("paged attention (h % n_kv)", check_paged_attention, (paged_attention_gather,),
+     (paged_attention_head_modulo,), "grouped-query attention: query head h reads KV head h // (n_heads // n_kv_heads)"),
+    ("scheduler tick (prefill first)", check_scheduler_tick, (schedule_fcfs,), (schedule_prefill_first,),
+     "running decodes are scheduled before a waiting prompt"),
+    ("scheduler tick (ignores blocks)", check_scheduler_tick, (schedule_fcfs,), (schedule_ignores_blocks,),
+     "a running sequence short of blocks gets nothing; the next one still runs"),
+    ("scheduler tick (never chunks)", check_scheduler_tick, (schedule_fcfs,), (schedule_never_chunks,),
+     "a prompt is chunked to the budget left"),
 ]
 
 
@@ -319,7 +429,8 @@ def test_every_exercise_has_a_worked_example_and_a_notebook(stem):
     assert (Path(__file__).resolve().parents[1] / "notebooks" / "exercises" / f"{stem}.ipynb").is_file()
 
 
-@pytest.mark.parametrize("check", [check_top_p, check_min_p, check_goodput, check_batching_tick, check_admission])
+@pytest.mark.parametrize("check", [check_top_p, check_min_p, check_goodput, check_batching_tick, check_admission,
+                                   check_paged_attention, check_scheduler_tick])
 def test_stub_reports_not_implemented(check, capsys):
     result = check(not_implemented)
     assert result.not_implemented and not result.passed
@@ -348,3 +459,131 @@ def test_other_exceptions_become_failed_cases():
     result = check_top_p(broken, verbose=False)
     assert not result.passed and not result.not_implemented
     assert all("ValueError: oops" in c.detail for c in result.failures)
+
+
+# ------------------------------------------------------------------------ paged attention
+
+
+def test_paged_attention_wrong_code_fails_only_its_rule():
+    gqa = "grouped-query attention: query head h reads KV head h // (n_heads // n_kv_heads)"
+    assert [c.name for c in check_paged_attention(paged_attention_head_modulo, verbose=False).failures] == [gqa]
+    no_mask = {c.name for c in check_paged_attention(paged_attention_no_causal_mask, verbose=False).failures}
+    assert "one decode token attends to every position up to its own" not in no_mask
+    assert "a chunk in the middle sees the cached prefix and is causal inside" in no_mask
+
+
+def test_paged_attention_failure_names_position_and_error():
+    failure = next(c for c in check_paged_attention(paged_attention_no_causal_mask, verbose=False).failures
+                   if c.name == "a whole prompt from position 0 is causal")
+    assert "block_table=[1, 4], positions=[0, 1, 2, 3, 4, 5, 6]" in failure.detail
+    assert "the query at position 0 (row t=0) is off by up to" in failure.detail
+    assert "max abs error" in failure.detail and "expected attention over positions 0..0" in failure.detail
+
+
+def test_paged_attention_shape_and_type_are_checked():
+    shape = check_paged_attention(lambda q, k, v, table, pos: q[:, :1], verbose=False).failures[0].detail
+    assert "returned shape [1, 1, 8], expected [T, n_heads, head_dim] = [1, 2, 8]" in shape
+    kind = check_paged_attention(lambda q, k, v, table, pos: q.tolist(), verbose=False).failures[0].detail
+    assert "returned a list, expected a torch.Tensor" in kind
+
+
+def test_pool_holds_the_context_along_the_table_and_garbage_elsewhere():
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(5, 2, 3, generator=gen)
+    pool = attention.scatter_into_pool(k, [3, 1], 4, 4, gen)
+    p = torch.arange(5)
+    assert torch.equal(pool[torch.tensor([3, 1])[p // 4], p % 4], k)
+    unused = torch.cat([pool[0], pool[2], pool[1, 1:]])
+    assert torch.isfinite(pool).all() and unused.abs().mean() > 100 * k.abs().mean()
+
+
+def test_oracle_is_gqa_attention_with_a_causal_mask():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 6, 4, generator=gen), torch.randn(7, 2, 4, generator=gen), torch.randn(7, 2, 4, generator=gen)
+    positions = torch.arange(4, 7)
+    mask = torch.arange(7)[None, :] <= positions[:, None]
+    sdpa = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                          attn_mask=mask, enable_gqa=True).transpose(0, 1)
+    assert torch.allclose(attention.expected_attention(q, k, v, positions), sdpa, atol=1e-6)
+    last = attention.expected_attention(q[-1:], k, v, positions[-1:])
+    assert torch.allclose(last, attention.expected_attention(q, k, v, positions)[-1:], atol=1e-6)
+
+
+# ------------------------------------------------------------------------ scheduler tick
+
+
+def test_tick_simulation_failure_gives_the_tick_inputs():
+    failure = next(c for c in check_scheduler_tick(schedule_prefill_first, verbose=False).failures
+                   if c.name.startswith("every tick keeps the rule on a random workload"))
+    first, call, workload = failure.detail.splitlines()
+    assert first.startswith("workload seed 1, tick ") and "running sequences first: running r0 fit" in first
+    assert call.startswith("schedule(running=[('r0', ") and "free_blocks=" in call and "returned [('r1'," in call
+    assert workload.startswith("the workload: 10 requests")
+    blocks = next(c for c in check_scheduler_tick(schedule_ignores_blocks, verbose=False).failures
+                  if c.name.startswith("every tick keeps the rule with staggered arrivals"))
+    assert "new blocks, only 0 are free" in blocks.detail.splitlines()[0]
+
+
+def test_tick_hand_case_failure_names_the_broken_rule():
+    failure = next(c for c in check_scheduler_tick(schedule_never_chunks, verbose=False).failures
+                   if c.name == "a prompt is chunked to the budget left")
+    assert "returned [('A', 1)], expected [('A', 1), ('B', 5)]" in failure.detail
+    assert "the rule it breaks: work conservation: waiting B fit" in failure.detail
+    assert "B: 5 token(s), ceil((0 + 5) / 4) - 0 = 2 new block(s)" in failure.detail
+
+
+def test_expected_plans_follow_the_rule():
+    for rule, args, expected in tick.SINGLE_TICKS:
+        running, waiting, *rest = args
+        assert schedule_fcfs(list(running), list(waiting), *rest) == expected, rule
+        assert tick._rule_error(args, expected) is None, rule
+
+
+BAD_PLANS = [
+    ([("A", 1), ("B", 1), ("C", 7)], "the plan computes 9 tokens, the token budget is 8"),
+    ([("A", 1), ("Z", 1)], "every request_id must be a running or waiting one"),
+    ([("A", 1), ("A", 1)], "at most once"),
+    ([("A", 2)], "A got n = 2, allowed 1..1"),
+    ([("A", 1), ("B", 1), ("C", 5)], "chunk size: C got 5 tokens, expected min(remaining, budget left) = 6"),
+    ([("B", 1), ("A", 1), ("C", 6)], "pairs must come in order"),
+    ([("A", 1), ("B", 1)], "work conservation: waiting C fit"),
+    ([("B", 1), ("C", 7)], "running sequences first: running A fit"),
+]
+
+
+@pytest.mark.parametrize("plan, message", BAD_PLANS)
+def test_every_invariant_is_checked(plan, message):
+    args = tick.SINGLE_TICKS[0][1]
+    assert message in tick._rule_error(args, plan)
+
+
+def test_fcfs_and_slot_invariants():
+    args = ([], [("A", 0, 6, 0), ("B", 0, 12, 0), ("C", 0, 3, 0)], 3, 4, 32, 4)
+    assert "first come, first served: admitted ['A', 'C']" in tick._rule_error(args, [("A", 6), ("C", 3)])
+    full = ([("A", 4, 5, 2)], [("B", 0, 3, 0), ("C", 0, 3, 0)], 10, 4, 32, 2)
+    assert "1 running + 2 admitted exceed max_num_seqs = 2" in tick._rule_error(full, [("A", 1), ("B", 3), ("C", 3)])
+    short = ([("A", 8, 20, 2)], [], 1, 4, 8, 4)
+    assert ("A got 4 tokens, but at its turn: 8 token(s) of the 8 left need 2 new block(s), 1 free: it gets nothing"
+            in tick._rule_error(short, [("A", 4)]))
+
+
+def test_simulations_exercise_chunks_and_block_pressure():
+    chunked, skipped = 0, 0
+
+    def spy(running, waiting, free_blocks, block_size, token_budget, max_num_seqs):
+        nonlocal chunked, skipped
+        plan = schedule_fcfs(running, waiting, free_blocks, block_size, token_budget, max_num_seqs)
+        seqs, given = {s[0]: s for s in [*running, *waiting]}, dict(plan)
+        chunked += any(n < seqs[rid][2] - seqs[rid][1] for rid, n in plan)
+        skipped += any(s[0] not in given for s in running) and sum(given.values()) < token_budget
+        return plan
+
+    for rule, seed, count, max_prompt, max_output, spread, pool, bs, budget, max_seqs, _ in tick.SIMULATIONS:
+        requests = tick._workload(seed, count, max_prompt, max_output, spread)
+        assert 0 < tick.run_workload(spy, requests, pool, bs, budget, max_seqs) < 100, rule
+    assert chunked >= 5 and skipped >= 1
+
+
+def test_tick_plan_must_be_pairs():
+    detail = check_scheduler_tick(lambda *args: {"A": 1}, verbose=False).failures[0].detail
+    assert "expected a list of (request_id, n) pairs" in detail

@@ -103,3 +103,48 @@ def test_a_notebook_over_its_time_limit_scores_zero(tmp_path, monkeypatch):
     nbformat.write(nb, str(nb_path))
     rows = grade_notebook(nb_path, "dee", time_limit=4)
     assert rows[-1].case == "TOTAL" and rows[-1].points == 0 and "timed out after 4 s" in rows[-1].note
+
+
+PAGED_ATTENTION = '''
+    block_size, length = k_cache.shape[1], int(positions[-1]) + 1
+    p = torch.arange(length)
+    physical = torch.tensor(block_table)[p // block_size]
+    group = q.shape[1] // k_cache.shape[2]
+    k = k_cache[physical, p % block_size].repeat_interleave(group, dim=1).transpose(0, 1)
+    v = v_cache[physical, p % block_size].repeat_interleave(group, dim=1).transpose(0, 1)
+    mask = p[None, :] <= positions[:, None]
+    return F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask).transpose(0, 1)
+'''
+SCHEDULE_WITHOUT_BLOCKS = '''
+    plan, budget = [], token_budget
+    for rid, computed, tokens, _ in running:
+        if budget:
+            plan.append((rid, min(tokens - computed, budget)))
+            budget -= plan[-1][1]
+    for admitted, (rid, computed, tokens, _) in enumerate(waiting):
+        if not budget or len(running) + admitted >= max_num_seqs:
+            break
+        plan.append((rid, min(tokens - computed, budget)))
+        budget -= plan[-1][1]
+    return plan
+'''
+
+
+@pytest.mark.parametrize("stem, stub, body, lost", [
+    ("ex09-paged-attention", 'raise NotImplementedError("implement paged_attention")', PAGED_ATTENTION, set()),
+    ("ex10-scheduler-tick", 'raise NotImplementedError("implement schedule")', SCHEDULE_WITHOUT_BLOCKS,
+     {"a running sequence short of blocks gets nothing; the next one still runs"}),
+])
+def test_the_build_exercises_are_graded(tmp_path, monkeypatch, stem, stub, body, lost):
+    from servelab.exercises.grade import grade_notebook
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "lib"))
+    nb = nbformat.read(str(ROOT / "notebooks" / "exercises" / f"{stem}.ipynb"), as_version=4)
+    cell = next(c for c in nb.cells if stub in c.source)
+    cell.source = cell.source.replace(f"    {stub}", body.strip("\n"))
+    nbformat.write(nb, str(tmp_path / f"eve__{stem}.ipynb"))
+    rows = grade_notebook(tmp_path / f"eve__{stem}.ipynb", "eve", time_limit=60)
+    total = rows[-1]
+    assert total.case == "TOTAL" and total.max_points > 0 and not total.note
+    assert lost <= {r.case for r in rows[:-1] if r.points < r.max_points}
+    assert (total.points == total.max_points) == (not lost)

@@ -21,10 +21,15 @@ checker                   student writes                                    refe
 ``check_speculative``     ``accept_probability(p, q, token)``, ``residual``  ``servelab.speculative``
 ``check_kv_sizing``       ``kv_bytes_per_token(...)``, ``max_requests(...)``  ``servelab.kv``
 ``check_admission``       ``admit(queue, pool_blocks, held, bs, slots)``    ``servelab.kv.BlockAllocator.reserve``
+``check_paged_attention`` ``paged_attention(q, k_cache, v_cache, table,``   ``torch`` SDPA on contiguous K, V
+                          ``positions)``
+``check_scheduler_tick``  ``schedule(running, waiting, free_blocks, bs,``   the rule's invariants, every tick
+                          ``token_budget, max_num_seqs)``
 ========================  ================================================  ==================================
 """
 
 from servelab.exercises.admission import check_admission
+from servelab.exercises.attention import check_paged_attention
 from servelab.exercises.catalog import worked_example
 from servelab.exercises.kv import check_block_allocator
 from servelab.exercises.metrics import check_goodput
@@ -34,6 +39,7 @@ from servelab.exercises.scheduling import check_batching_tick
 from servelab.exercises.sizing import check_kv_sizing
 from servelab.exercises.speculative import check_speculative
 from servelab.exercises.streaming import check_stop_buffer
+from servelab.exercises.tick import check_scheduler_tick
 
 __all__ = [
     "CaseResult",
@@ -44,6 +50,8 @@ __all__ = [
     "check_goodput",
     "check_kv_sizing",
     "check_min_p",
+    "check_paged_attention",
+    "check_scheduler_tick",
     "check_speculative",
     "check_stop_buffer",
     "check_top_p",

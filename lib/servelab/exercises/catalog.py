@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servelab.exercises import admission, kv, metrics, sampling, scheduling, sizing, speculative, streaming
+from servelab.exercises import (admission, attention, kv, metrics, sampling, scheduling, sizing, speculative, streaming,
+                                tick)
 from servelab.exercises.result import CheckResult
 
 __all__ = ["EXERCISES", "Exercise", "exercise_for", "worked_example"]
@@ -44,6 +45,10 @@ EXERCISES: dict[str, Exercise] = {e.stem: e for e in (
              ((sizing.check_kv_sizing, ("kv_bytes_per_token", "max_requests")),), sizing.worked_example),
     Exercise("ex08-admission", "admission with KV reservations",
              ((admission.check_admission, ("admit",)),), admission.worked_example),
+    Exercise("ex09-paged-attention", "attention through a block table",
+             ((attention.check_paged_attention, ("paged_attention",)),), attention.worked_example),
+    Exercise("ex10-scheduler-tick", "one scheduler tick: token budget, block budget, chunked prefill",
+             ((tick.check_scheduler_tick, ("schedule",)),), tick.worked_example),
 )}
 
 
