@@ -283,3 +283,13 @@ def test_every_builder_returns_a_plotly_figure():
     snap = forked_pool().snapshot()
     assert isinstance(kv_viz.pool_figure(snap), go.Figure)
     assert isinstance(sched_viz.engine_gantt_figure({"r": [step(0, prefill={"a": 2})]}), go.Figure)
+
+
+def test_batch_composition_stacks_the_three_kinds_under_the_budget():
+    ticks = [{"prefill": 14, "decode": 0, "recomputed": 0}, {"prefill": 0, "decode": 3, "recomputed": 9}]
+    fig = sched_viz.batch_composition_figure(ticks, token_budget=16, title="t")
+    assert fig.layout.barmode == "stack"
+    assert [list(trace.y) for trace in fig.data] == [[14, 0], [0, 3], [0, 9]]
+    assert fig.layout.shapes[0].y0 == 16
+    with pytest.raises(ValueError, match="recomputed"):
+        sched_viz.batch_composition_figure([{"prefill": 1, "decode": 0}], token_budget=4)

@@ -22,6 +22,7 @@ from servelab.viz.core import Table, table
 __all__ = [
     "EIGHT_STEPS",
     "admission_limits_figure",
+    "batch_composition_figure",
     "chunked_prefill_figure",
     "engine_gantt_figure",
     "iteration_gantt_figure",
@@ -37,6 +38,7 @@ DECODE_COLOR = "#2c7fb8"
 RUNNING_COLOR = "#1b9e77"
 WAITING_COLOR = "#d95f02"
 HELD_COLOR = "#7570b3"
+RECOMPUTE_COLOR = "#e7298a"
 
 EIGHT_STEPS = (
     "1. reclaim requests that ended",
@@ -206,6 +208,28 @@ def chunked_prefill_figure(labels: Sequence[str], stream_gap_ms: Sequence[float]
     fig.update_xaxes(title_text="token budget")
     fig.update_layout(title="Chunked prefill moves the wait from the running streams to the long prompt",
                       height=420)
+    return fig
+
+
+def batch_composition_figure(ticks: Sequence[Mapping[str, int]], *, token_budget: int,
+                             title: str = "") -> go.Figure:
+    """Tokens in each tick's batch by kind, stacked: prompt tokens computed for the first time, decode
+    tokens, and tokens computed again after a preemption by recompute; the token budget is a dotted line.
+
+    ``ticks`` holds one mapping per tick with the token counts ``prefill``, ``decode`` and ``recomputed``.
+    """
+    kinds = (("prefill", PREFILL_COLOR, "prompt tokens, first time"), ("decode", DECODE_COLOR, "decode tokens"),
+             ("recomputed", RECOMPUTE_COLOR, "recomputed after a preemption"))
+    if not ticks or any(key not in row for row in ticks for key, _, _ in kinds):
+        raise ValueError("ticks must be a non-empty list of rows with 'prefill', 'decode' and 'recomputed'")
+    fig = go.Figure()
+    for key, colour, label in kinds:
+        fig.add_trace(go.Bar(x=list(range(len(ticks))), y=[row[key] for row in ticks], name=label,
+                             marker_color=colour, hovertemplate=f"tick %{{x}}: %{{y}} {key}<extra></extra>"))
+    fig.add_hline(y=token_budget, line={"dash": "dot", "color": "#555555"},
+                  annotation_text="token budget", annotation_position="top right")
+    fig.update_layout(barmode="stack", title=title, height=380, xaxis_title="tick",
+                      yaxis_title="tokens in the batch", legend={"orientation": "h", "y": -0.25})
     return fig
 
 
