@@ -35,9 +35,9 @@ def mini_engine() -> dict:
     return namespace
 
 
-def test_the_engine_is_built_in_five_marked_steps():
+def test_the_engine_is_built_in_five_marked_steps_in_order():
     steps = [source.split(":", 1)[0].removeprefix(MARKER).strip() for source in engine_cells()]
-    assert steps == ["1", "2", "3", "4", "5"]
+    assert steps == sorted(steps) and sorted(set(steps)) == ["1", "2", "3", "4", "5"], steps
 
 
 def test_the_engine_is_about_two_hundred_lines():
