@@ -207,6 +207,28 @@ def test_command_line_closed_loop(course_server, capsys):
     assert "closed loop, concurrency 2, unpaced" in out and "steady: 6/6 ok" in out and "TTFT" in out
 
 
+def test_command_line_scrape_reports_the_servers_own_latencies(course_server, capsys):
+    loadgen_main(["--url", course_server.url, "--model", "tiny", "--closed-loop", "--concurrency", "2",
+                  "--num-requests", "6", "--prompt-median", "6", "--output-median", "6", "--max-output", "12",
+                  "--scrape"])
+    out = capsys.readouterr().out
+    assert "the server's own view" in out and "closed loop, concurrency 2" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("TTFT", "end"))}
+    assert rows["TTFT"][1] == "6" and rows["end"][3] == "6"  # six requests seen by the server's histograms
+
+
+def test_command_line_scrape_names_a_prefix_with_no_metrics(course_server, capsys):
+    loadgen_main(["--url", course_server.url, "--model", "tiny", "--closed-loop", "--num-requests", "2",
+                  "--prompt-median", "6", "--output-median", "4", "--max-output", "8", "--scrape",
+                  "--metrics-prefix", "vllm"])
+    assert "no vllm: latency histogram" in capsys.readouterr().out
+
+
+def test_command_line_scrape_refuses_a_sweep(course_server):
+    with pytest.raises(SystemExit, match="--scrape reports one run"):
+        loadgen_main(["--url", course_server.url, "--model", "tiny", "--sweep", "1,2", "--scrape"])
+
+
 def test_sweep_against_the_course_server(course_server):
     endpoint = Endpoint(course_server.url, "tiny")
     points = asyncio.run(run_sweep(endpoint, [2.0, 8.0], 1.0, LengthDistribution(8, 0.5, 2, 20), SHORT,

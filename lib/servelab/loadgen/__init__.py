@@ -9,8 +9,8 @@ Prometheus ``/metrics``, scraped during a run (:mod:`~servelab.loadgen.scrape`).
 """
 
 from servelab.loadgen.client import Endpoint, RequestResult, RunResult, run_closed_loop, run_open_loop, send_request
-from servelab.loadgen.scrape import (HistogramDelta, MetricsSnapshot, histogram_delta, metrics_url, parse_metrics,
-                                     run_with_metrics, scrape)
+from servelab.loadgen.scrape import (HistogramDelta, MetricsSnapshot, histogram_delta, latency_ms, metrics_url,
+                                     parse_metrics, run_with_metrics, scrape, server_latency_rows)
 from servelab.loadgen.sweep import (SLO, LoadReport, PhaseSummary, SweepPoint, report_table, run_sweep,
                                     saturation_index, summarize, sweep_table, throughput_latency_figure)
 from servelab.loadgen.workload import (LengthDistribution, RequestSpec, build_workload, make_prompt,
@@ -19,7 +19,7 @@ from servelab.loadgen.workload import (LengthDistribution, RequestSpec, build_wo
 __all__ = [
     "Endpoint", "HistogramDelta", "LengthDistribution", "LoadReport", "MetricsSnapshot", "PhaseSummary",
     "RequestResult", "RequestSpec", "RunResult", "SLO", "SweepPoint", "build_workload", "histogram_delta",
-    "make_prompt", "metrics_url", "paced_arrivals", "parse_metrics", "poisson_arrivals", "report_table",
+    "latency_ms", "make_prompt", "metrics_url", "paced_arrivals", "parse_metrics", "poisson_arrivals", "report_table",
     "run_closed_loop", "run_open_loop", "run_sweep", "run_with_metrics", "saturation_index", "scrape",
-    "send_request", "summarize", "sweep_table", "throughput_latency_figure",
+    "send_request", "server_latency_rows", "summarize", "sweep_table", "throughput_latency_figure",
 ]

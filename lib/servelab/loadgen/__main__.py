@@ -6,6 +6,8 @@ Examples (URL is e.g. http://127.0.0.1:8000/v1, NAME the model the server lists 
     python -m servelab.loadgen --url URL --model NAME --rate 2 --duration 30 --warmup 5
     # closed loop: 4 requests always in flight, 100 requests
     python -m servelab.loadgen --url URL --model NAME --closed-loop --concurrency 4 --num-requests 100
+    # the same, with the server's own latencies read from its Prometheus /metrics (vLLM: --metrics-prefix vllm)
+    python -m servelab.loadgen --url URL --model NAME --rate 2 --duration 30 --scrape
     # sweep from idle to saturation (stops after the knee), with the curve written to HTML
     python -m servelab.loadgen --url URL --model NAME --sweep 0.5,1,2,4,8 --duration 20 --figure sweep.html
 """
@@ -17,10 +19,12 @@ import asyncio
 
 import numpy as np
 
-from servelab.loadgen.client import Endpoint, run_closed_loop, run_open_loop
+from servelab.loadgen.client import Endpoint, RunResult, run_closed_loop, run_open_loop
+from servelab.loadgen.scrape import MetricsSnapshot, metrics_url, run_with_metrics, server_latency_rows
 from servelab.loadgen.sweep import (SLO, LoadReport, report_table, run_sweep, summarize, sweep_table,
                                     throughput_latency_figure)
 from servelab.loadgen.workload import LengthDistribution, build_workload, paced_arrivals, poisson_arrivals
+from servelab.viz.core import table
 
 
 def _rates(text: str) -> list[float]:
@@ -59,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, help="per-request client timeout, seconds")
     p.add_argument("--time-limit", type=float, default=300.0, help="stop sending after this many seconds")
     p.add_argument("--figure", default=None, help="sweep only: write the throughput-latency figure to this HTML")
+    p.add_argument("--scrape", action="store_true", help="also report the server's own latencies from its "
+                   "Prometheus /metrics (next to URL, without /v1), scraped before and after the run")
+    p.add_argument("--metrics-prefix", default="servelab", help="metric name prefix: servelab, vllm, ...")
     return p
 
 
@@ -82,12 +89,32 @@ def report_text(report: LoadReport) -> str:
     return "\n".join(lines)
 
 
+def server_text(snapshots: list[MetricsSnapshot], prefix: str) -> str:
+    """The server's latencies over the run (first to last snapshot), or why there are none."""
+    rows = server_latency_rows(snapshots[0], snapshots[-1], prefix)
+    if not rows:
+        return f"server /metrics: no {prefix}: latency histogram gained observations (check --metrics-prefix)"
+    return repr(table(rows, caption="the server's own view, from its /metrics",
+                      formats={k: ".1f" for k in ("mean_ms", "p50_ms", "p90_ms")}))
+
+
+async def _measured(run, args: argparse.Namespace) -> RunResult:
+    """Await the run; with ``--scrape``, scrape the server around it and print its own latencies."""
+    if not args.scrape:
+        return await run
+    result, snapshots = await run_with_metrics(run, metrics_url(args.url))
+    print(server_text(snapshots, args.metrics_prefix))
+    return result
+
+
 async def _main(args: argparse.Namespace) -> None:
     endpoint = Endpoint(args.url, args.model, args.api_key, args.chat, not args.no_ignore_eos, args.timeout)
     prompts = LengthDistribution(args.prompt_median, args.prompt_sigma, 1, args.max_prompt)
     outputs = LengthDistribution(args.output_median, args.output_sigma, 1, args.max_output)
     slo = SLO(args.ttft_slo, args.tpot_slo, args.deadline)
     if args.sweep:
+        if args.scrape:
+            raise SystemExit("--scrape reports one run; it cannot be combined with --sweep")
         points = await run_sweep(endpoint, args.sweep, args.duration, prompts, outputs, slo, args.seed,
                                  args.warmup, time_limit_s=args.time_limit)
         print(repr(sweep_table(points)))
@@ -98,7 +125,7 @@ async def _main(args: argparse.Namespace) -> None:
     if args.closed_loop:
         arrivals = (paced_arrivals(args.rate, args.num_requests) if args.rate else [None] * args.num_requests)
         specs = build_workload(arrivals, prompts, outputs, args.seed)
-        run = await run_closed_loop(endpoint, specs, args.concurrency, args.time_limit)
+        run = await _measured(run_closed_loop(endpoint, specs, args.concurrency, args.time_limit), args)
     else:
         if args.rate is None:
             raise SystemExit("--rate is required for an open loop (or use --closed-loop / --sweep)")
@@ -106,7 +133,7 @@ async def _main(args: argparse.Namespace) -> None:
                                prompts, outputs, args.seed)
         if not specs:
             raise SystemExit("the plan holds no request: raise --rate or --duration")
-        run = await run_open_loop(endpoint, specs, time_limit_s=args.time_limit)
+        run = await _measured(run_open_loop(endpoint, specs, time_limit_s=args.time_limit), args)
     print(report_text(summarize(run, slo, args.warmup)))
 
 

@@ -24,10 +24,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servelab._validate import require_real
 
-__all__ = ["MetricsSnapshot", "HistogramDelta", "parse_metrics", "metrics_url", "scrape", "histogram_delta",
-           "run_with_metrics"]
+__all__ = ["MetricsSnapshot", "HistogramDelta", "SERVER_LATENCIES", "parse_metrics", "metrics_url", "scrape",
+           "histogram_delta", "latency_ms", "server_latency_rows", "run_with_metrics"]
 
 Labels = tuple[tuple[str, str], ...]
+
+SERVER_LATENCIES = (("queue time", "request_queue_time_seconds"), ("TTFT", "time_to_first_token_seconds"),
+                    ("inter-token latency", "inter_token_latency_seconds"),
+                    ("end to end", "e2e_request_latency_seconds"))
+"""The latency histograms a vLLM-style server exports (name after its ``prefix:``), as ``(label, name)``."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,25 @@ def histogram_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, 
     count = after.value(f"{name}_count", **labels) - before.value(f"{name}_count", **labels)
     total = after.value(f"{name}_sum", **labels) - before.value(f"{name}_sum", **labels)
     return HistogramDelta(int(round(count)), total, buckets)
+
+
+def latency_ms(hist: HistogramDelta) -> dict[str, float]:
+    """``requests`` (observations), ``mean_ms`` (exact) and ``p50_ms``/``p90_ms`` (bucket-interpolated)."""
+    return {"requests": hist.count, "mean_ms": 1000 * hist.mean, "p50_ms": 1000 * hist.quantile(0.5),
+            "p90_ms": 1000 * hist.quantile(0.9)}
+
+
+def server_latency_rows(before: MetricsSnapshot, after: MetricsSnapshot, prefix: str = "servelab",
+                        **labels: str) -> list[dict]:
+    """The server's own latencies over a run: one row per histogram of :data:`SERVER_LATENCIES` that gained
+    observations between the two snapshots (``prefix`` is ``servelab`` for the course server, ``vllm``
+    for vLLM)."""
+    rows = []
+    for label, name in SERVER_LATENCIES:
+        hist = histogram_delta(before, after, f"{prefix}:{name}", **labels)
+        if hist.count:
+            rows.append({"server": label, **latency_ms(hist)})
+    return rows
 
 
 def _buckets(snapshot: MetricsSnapshot, name: str, labels: dict[str, str]) -> dict[float, float]:

@@ -26,8 +26,8 @@ import numpy as np
 
 from servelab._validate import require_int, require_real
 from servelab.engine import LLMEngine
-from servelab.loadgen import (Endpoint, LengthDistribution, build_workload, histogram_delta, metrics_url,
-                              poisson_arrivals, run_open_loop, run_with_metrics)
+from servelab.loadgen import (Endpoint, LengthDistribution, build_workload, histogram_delta, latency_ms,
+                              metrics_url, poisson_arrivals, run_open_loop, run_with_metrics)
 from servelab.metrics import percentile
 from servelab.server.app import BackgroundServer, ServerConfig
 
@@ -165,7 +165,4 @@ def ttft_at_two_boundaries(server: BackgroundServer, rate: float = 8.0, duration
     client = _client_row([r.emit_s[0] - r.sent_s for r in ok])
     hist = histogram_delta(snapshots[0], snapshots[-1], "servelab:time_to_first_token_seconds",
                            model_name=server.config.model_name)
-    server_row = {"boundary": "server: queued to the engine -> first token handed out", "requests": hist.count,
-                  "mean_ms": 1000 * hist.mean, "p50_ms": 1000 * hist.quantile(0.5),
-                  "p90_ms": 1000 * hist.quantile(0.9)}
-    return [client, server_row]
+    return [client, {"boundary": "server: queued to the engine -> first token handed out", **latency_ms(hist)}]
