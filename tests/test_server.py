@@ -579,6 +579,37 @@ def test_official_client_completions_and_chat(real_server, real_model):
     assert_engine_clean(server)
 
 
+def test_async_official_client_streams_concurrently_and_a_dropped_stream_frees_its_request(real_server, real_model):
+    server, (model, tokenizer) = real_server, real_model
+    prompts = [f"{name}:\n" for name in ("ROMEO", "JULIET", "HAMLET", "OTHELLO", "KING HENRY", "PORTIA")]
+
+    async def streamed(client, prompt, seed):
+        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, seed=seed, stream=True,
+                                                 extra_body={"ignore_eos": True})
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    async def dropped(client):
+        stream = await client.completions.create(model=MODEL, prompt="ROMEO:\n", max_tokens=250, stream=True,
+                                                 extra_body={"ignore_eos": True})
+        async for _ in stream:
+            break  # the client goes away after its first chunk
+        await stream.close()
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=server.url, api_key="sk-none", max_retries=0, timeout=30,
+                                      http_client=openai.DefaultAsyncHttpxClient(trust_env=False)) as client:
+            texts = await asyncio.gather(*(streamed(client, p, seed) for seed, p in enumerate(prompts)),
+                                         dropped(client))
+        return texts[:-1]
+
+    texts = asyncio.run(run())
+    assert texts == [offline_text(model, tokenizer, p, SamplingParams(max_tokens=10, seed=seed, ignore_eos=True))
+                     for seed, p in enumerate(prompts)]
+    assert_engine_clean(server)
+    states = sorted(r.state.value for r in server.call(lambda e: e.ledger.records))
+    assert states == ["cancelled"] + ["finished"] * len(prompts)  # the dropped stream was cancelled, not run out
+
+
 def test_official_client_n_stop_logit_bias_and_list_prompts(real_server, real_model):
     server, (model, tokenizer) = real_server, real_model
     client = client_for(server)
