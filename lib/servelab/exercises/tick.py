@@ -32,6 +32,7 @@ import random
 from collections.abc import Callable
 
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
+from servelab.kv import blocks_for
 
 __all__ = ["SINGLE_TICKS", "blocks_needed", "check_scheduler_tick", "run_workload", "worked_example"]
 
@@ -72,7 +73,12 @@ SIMULATIONS = (
 def blocks_needed(seq: Seq, n: int, block_size: int) -> int:
     """New blocks ``seq`` needs to compute ``n`` more tokens: ``ceil((computed + n) / bs) - blocks``, >= 0."""
     _, computed, _, blocks = seq
-    return max(0, -(-(computed + n) // block_size) - blocks)
+    return max(0, blocks_for(computed + n, block_size) - blocks)
+
+
+def _by_id(args: tuple) -> dict[str, Seq]:
+    """The running and waiting sequences of a tick's arguments, by request id."""
+    return {s[0]: s for s in [*args[0], *args[1]]}
 
 
 def _call_text(args: tuple) -> str:
@@ -94,8 +100,7 @@ def _normalise(got: object) -> Plan:
 
 def _steps(args: tuple, plan: Plan) -> str:
     """The block arithmetic of each pair of ``plan``."""
-    running, waiting, _, block_size, _, _ = args
-    seqs = {s[0]: s for s in [*running, *waiting]}
+    block_size, seqs = args[3], _by_id(args)
     parts = [f"{rid}: {n} token(s), ceil(({seqs[rid][1]} + {n}) / {block_size}) - {seqs[rid][3]} = "
              f"{blocks_needed(seqs[rid], n, block_size)} new block(s)" for rid, n in plan if rid in seqs]
     return "steps of the expected plan:\n" + "\n".join(f"  {part}" for part in parts or ["nothing is scheduled"])
@@ -112,8 +117,7 @@ def _single(schedule: Schedule, args: tuple, expected: Plan) -> None:
 
 def _ids_error(args: tuple, plan: Plan) -> str | None:
     """Unknown or repeated ids, or an n outside 1..tokens still to compute."""
-    running, waiting = args[0], args[1]
-    seqs = {s[0]: s for s in [*running, *waiting]}
+    seqs = _by_id(args)
     ids = [rid for rid, _ in plan]
     if any(rid not in seqs for rid in ids) or len(set(ids)) != len(ids):
         return f"every request_id must be a running or waiting one, at most once; got {ids}"
@@ -125,8 +129,8 @@ def _ids_error(args: tuple, plan: Plan) -> str | None:
 
 def _budget_error(args: tuple, plan: Plan) -> str | None:
     """More tokens than the budget or more new blocks than are free."""
-    running, waiting, free, block_size, budget, _ = args
-    seqs = {s[0]: s for s in [*running, *waiting]}
+    _, _, free, block_size, budget, _ = args
+    seqs = _by_id(args)
     tokens = sum(n for _, n in plan)
     blocks = sum(blocks_needed(seqs[rid], n, block_size) for rid, n in plan)
     if tokens > budget:
