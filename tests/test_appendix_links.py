@@ -43,16 +43,18 @@ def entries(text: str) -> dict[str, str]:
     return {m.group(1): text[m.end():].split("\n\n", 1)[0] for m in TARGET.finditer(text)}
 
 
+REPOSITORY = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+CHECKS_TREE = ast.parse(inspect.getsource(checks))
+
+
 def source_url(obj: object) -> str:
     """The GitHub URL of the file that defines ``obj``, from ``repository`` in ``_config.yml``."""
-    repository = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
     path = Path(inspect.getsourcefile(obj)).resolve().relative_to(ROOT).as_posix()
-    return f"{repository['url'].rstrip('/')}/blob/{repository['branch']}/{path}"
+    return f"{REPOSITORY['url'].rstrip('/')}/blob/{REPOSITORY['branch']}/{path}"
 
 
 def _module_functions() -> dict[str, ast.FunctionDef]:
-    tree = ast.parse(inspect.getsource(checks))
-    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    return {node.name: node for node in CHECKS_TREE.body if isinstance(node, ast.FunctionDef)}
 
 
 def calls(function_name: str) -> tuple[set[str], set[str]]:
@@ -83,7 +85,7 @@ def library_calls(function_name: str) -> set[str]:
     imports them from, and public functions of checks.py itself (``checks.engine_tick``).
     """
     imported = {}
-    for node in ast.parse(inspect.getsource(checks)).body:
+    for node in CHECKS_TREE.body:
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servelab."):
             imported.update({alias.asname or alias.name: node.module for alias in node.names})
     found = set()
