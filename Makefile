@@ -10,7 +10,7 @@ export MPLBACKEND := Agg
 # One thread keeps CPU timings and float reductions repeatable on a shared 2-core machine.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup book book-strict test test-lib test-notebooks test-notebooks-cpus test-clean-install test-browser browser-deps checks clean lab
+.PHONY: setup book book-strict test test-stages test-lib test-notebooks test-notebooks-cpus test-clean-install test-browser browser-deps checks clean lab
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,39 +31,44 @@ JB := SERVELAB_SOLUTIONS=$(SOLUTIONS) $(VENV)/bin/jupyter-book
 book: setup
 	$(JB) build . -W -n --keep-going
 
+# Each stage of `make test` runs under a hard wall-clock limit and prints its wall time
+# (tools/stage.sh); `make test` ends with the table of stage times, slowest first. Every notebook
+# runner also keeps a hard limit per notebook (servelab.nbrun), enforced from outside the notebook.
+STAGE := tools/stage.sh
+export STAGE_LOG ?= .stage-times
+
 # The CI build: a clean tree, so every notebook is executed against the current lib/ (no stale cache).
 book-strict: setup
 	$(VENV)/bin/jupyter-book clean . --all >/dev/null
-	$(JB) build . -W -n --keep-going
+	$(STAGE) book-strict 1500 $(JB) build . -W -n --keep-going
 
 checks: setup
-	$(PY) -m servelab.checks
+	$(STAGE) checks 300 $(PY) -m servelab.checks
 
 test-lib: setup
-	$(PY) -m pytest -q tests
+	$(STAGE) test-lib 1200 $(PY) -m pytest -q tests
 
 # Notebooks: committed executed (real outputs, tools/execute_notebooks.py) and with the Colab set-up
 # cell (tools/sync_notebooks.py),
 # then executed fresh by nbval in this environment: every cell must run; cells tagged
 # nbval-check-output (sync_notebooks.py moves a "# NBVAL_CHECK_OUTPUT" first line into that tag)
 # must also reproduce their saved output.
+# Each notebook runs in a pytest process of its own under a hard limit, two at a time
+# (tools/run_nbval.py); a notebook that hangs is killed, named with its cell, and retried once.
 test-notebooks: setup
 	$(PY) tools/sync_notebooks.py --check
-	@if ls notebooks/*.ipynb notebooks/*/*.ipynb >/dev/null 2>&1; then \
-	  $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
-	    --nbval-sanitize-with notebooks/sanitize.cfg notebooks; \
-	else echo "no notebooks yet"; fi
+	$(STAGE) nbval 1200 $(PY) tools/run_nbval.py notebooks/*.ipynb notebooks/*/*.ipynb
 
 # The notebooks with checked cells again, under torch's other CPU kernels (default, avx2, and avx512
 # where the CPU has it), numpy without AVX-512, and 2 threads: a checked output must not depend on
 # the CPU (tools/nbval_variants.py).
 test-notebooks-cpus: setup
-	$(PY) tools/nbval_variants.py
+	$(STAGE) nbval-cpu-variants 1500 $(PY) tools/nbval_variants.py
 
 # A wheel installed into a fresh venv with only its declared dependencies (as on Colab), and every
 # notebook run from a folder outside the checkout: no error cell anywhere (tools/clean_install.py).
 test-clean-install: setup
-	$(PY) tools/clean_install.py
+	$(STAGE) clean-install 1800 $(PY) tools/clean_install.py
 
 # JupyterLab on the notebooks, in the project's venv (for students working locally).
 lab: setup
@@ -77,9 +82,17 @@ browser-deps:
 # Every page of the built book (make book-strict first) opened in Debian chromium; screenshots go
 # to _build/screenshots/.
 test-browser: setup browser-deps
-	$(PY) -m pytest -q -p no:cacheprovider browser_tests
+	$(STAGE) browser 900 $(PY) -m pytest -q -p no:cacheprovider browser_tests
 
-test: setup checks test-lib test-notebooks test-notebooks-cpus test-clean-install book-strict test-browser
+test-stages: setup checks test-lib test-notebooks test-notebooks-cpus test-clean-install book-strict test-browser
+
+test:
+	@rm -f $(STAGE_LOG)
+	@$(MAKE) --no-print-directory test-stages; status=$$?; \
+	  echo "== make test stages, slowest first (seconds, stage, exit status):"; \
+	  sort -rn $(STAGE_LOG) 2>/dev/null | sed 's/^/   /'; \
+	  awk -F'\t' '{ if ($$3 == 0) ok++; else bad++ } END { printf "stages: %d passed, %d failed\n", ok, bad }' \
+	    $(STAGE_LOG) 2>/dev/null; exit $$status
 
 clean:
 	rm -rf _build

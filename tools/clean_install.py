@@ -5,11 +5,14 @@
    own torch), then the wheel with only the dependencies the package declares, then the notebook
    runtime a Jupyter front end brings (``ipykernel`` 6 as on Colab, ``nbclient``). None of the dev pins.
 3. Copy the notebooks into a temporary folder outside the checkout and run each one there with
-   nbclient in the fresh environment (``--worker``), so an import that only works inside the
-   checkout, a file read by a path relative to it, or a module the package does not declare shows up
-   as an error cell.
+   nbclient in the fresh environment, so an import that only works inside the checkout, a file read
+   by a path relative to it, or a module the package does not declare shows up as an error cell.
+   Each notebook runs in a process of its own under a hard limit (:func:`servelab.nbrun.run_notebook`,
+   enforced from this process): one that hangs is killed with its kernel, named with the cell it was
+   running, and retried once. A retry that passes still prints a warning naming that cell.
 
-Every error cell is reported with its notebook and cell number; the exit status is 1 if there is any.
+Every error cell is reported with its notebook and cell number; the exit status is 1 if there is any,
+or if a notebook hung twice.
 
 Usage::
 
@@ -25,8 +28,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from servelab.nbrun import NotebookRun, run_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"
@@ -34,6 +38,8 @@ TORCH = "torch==2.13.0"
 # leave nbclient waiting forever for a reply under load.
 RUNTIME = ("ipykernel<7", "nbclient")
 CELL_TIMEOUT_S = 300
+NOTEBOOK_LIMIT_S = 420
+"""The hard limit for one notebook in the fresh venv (seconds); the slowest takes about a minute."""
 
 
 def run(cmd: list[str], **kwargs) -> None:
@@ -69,45 +75,62 @@ def copy_notebooks(folder: Path) -> list[Path]:
     return sorted(folder.rglob("*.ipynb"))
 
 
-def error_cells(path: Path) -> list[str]:
-    """Run one notebook in its folder (errors kept in the outputs); one line per error cell."""
-    from execute_notebooks import execute  # this folder's runner, the one that writes committed outputs
-
-    nb, _, _ = execute(path, CELL_TIMEOUT_S, allow_errors=True)
-    found = []
-    for index, cell in enumerate(nb.cells):
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                found.append(f"{path.name} cell {index}: {output['ename']}: {output['evalue'][:200]}")
-    return found
+def error_cells(nb) -> list[str]:
+    """One line per cell of an executed notebook whose outputs hold an error."""
+    return [f"cell {index}: {output['ename']}: {output['evalue'][:200]}"
+            for index, cell in enumerate(nb.cells) for output in cell.get("outputs", [])
+            if output.get("output_type") == "error"]
 
 
-def worker(folder: Path) -> int:
-    """Inside the fresh venv: run every notebook under ``folder`` and report its error cells."""
-    import servelab
+def run_one(path: Path, python: Path, env: dict[str, str]) -> NotebookRun:
+    return run_notebook(path, limit_s=NOTEBOOK_LIMIT_S, cell_timeout_s=CELL_TIMEOUT_S, cwd=path.parent,
+                        allow_errors=True, python=str(python), env=env)
 
-    if Path(servelab.__file__).resolve().is_relative_to(ROOT):
-        raise SystemExit(f"servelab was imported from the checkout ({servelab.__file__}), not the wheel")
-    errors = []
-    for path in sorted(folder.rglob("*.ipynb")):
-        start = time.perf_counter()
-        found = error_cells(path)
-        print(f"{'FAIL' if found else 'ok':4} {path.relative_to(folder)}  {time.perf_counter() - start:5.1f} s",
-              flush=True)
+
+def run_all(folder: Path, python: Path, env: dict[str, str]) -> int:
+    """Run every notebook under ``folder`` in the fresh venv; report error cells, hangs and retries."""
+    errors, flaky, hung = [], [], []
+    paths = sorted(folder.rglob("*.ipynb"))
+    for path in paths:
+        name = str(path.relative_to(folder))
+        run = run_one(path, python, env)
+        if run.timed_out:
+            print(f"HANG {name}: killed after {run.seconds:.0f} s at {run.where()}; retrying once",
+                  flush=True)
+            first = run
+            run = run_one(path, python, env)
+            if run.timed_out:
+                hung.append(f"{name}: hung twice, at {first.where()} and at {run.where()}")
+            elif run.ok:
+                flaky.append(f"{name} passed on its retry; its first run hung at {first.where()}")
+        found = [f"{name} {line}" for line in error_cells(run.notebook)] if run.notebook else []
+        if not run.ok and not run.timed_out:
+            found.append(f"{run.where()}: {run.error}")
+        print(f"{'FAIL' if found or run.timed_out else 'ok':4} {name}  {run.seconds:5.1f} s", flush=True)
         errors += found
     for line in errors:
         print("  error:", line)
-    print(f"{len(errors)} error cell(s) in {len(list(folder.rglob('*.ipynb')))} notebooks on a clean install")
-    return 1 if errors else 0
+    for line in hung:
+        print("  HUNG:", line)
+    for line in flaky:
+        print("  WARNING (flaky, hung once):", line)
+    print(f"{len(errors)} error cell(s), {len(hung)} hung notebook(s), {len(flaky)} retried after a hang, "
+          f"in {len(paths)} notebooks on a clean install")
+    return 1 if errors or hung else 0
+
+
+def check_wheel_import(python: Path, cwd: Path, env: dict[str, str]) -> None:
+    """The fresh venv must import servelab from the wheel, not from this checkout."""
+    where = subprocess.run([str(python), "-c", "import servelab; print(servelab.__file__)"], cwd=cwd,
+                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+    if Path(where).resolve().is_relative_to(ROOT):
+        raise SystemExit(f"servelab was imported from the checkout ({where}), not the wheel")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it")
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        return worker(args.worker)
     base = args.keep or Path(tempfile.mkdtemp(prefix="servelab-clean-"))
     base.mkdir(parents=True, exist_ok=True)
     try:
@@ -116,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
         env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
         env["JUPYTER_PATH"] = str(base / "venv" / "share" / "jupyter")  # its kernel before any other
-        return subprocess.run([str(python), str(Path(__file__).resolve()), "--worker", str(base / "notebooks")],
-                              cwd=base, env=env).returncode
+        check_wheel_import(python, base, env)
+        return run_all(base / "notebooks", python, env)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)

@@ -12,6 +12,10 @@ wall time, the file size and any problem found:
 
 The book never uses these saved outputs: it executes every notebook again while it builds.
 
+Each notebook runs in a process of its own under a hard wall-clock limit (``--limit``, enforced from
+outside it by :func:`servelab.nbrun.run_notebook`): a notebook that hangs is killed, kernel and all,
+and reported with the cell it was running.
+
 Usage::
 
     python tools/execute_notebooks.py notebooks/ch00-state-machine.ipynb
@@ -22,12 +26,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
+
+from servelab.nbrun import NotebookRun, run_notebook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sync_notebooks import render, setup_source, synced  # noqa: E402
@@ -59,37 +62,42 @@ def output_problems(nb: nbformat.NotebookNode) -> list[str]:
     return problems
 
 
-def execute(path: Path, timeout: int, allow_errors: bool = False) -> tuple[nbformat.NotebookNode, float, str | None]:
-    """Execute one notebook in its folder; return it, the wall time and the error (if any). With
-    ``allow_errors`` every cell runs and each error stays in its cell's outputs instead."""
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(path.parent)}})
-    start = time.perf_counter()
-    try:
-        client.execute()
-        error = None
-    except CellExecutionError as exc:
-        error = str(exc).strip().splitlines()[-1]
-    return nb, time.perf_counter() - start, error
+NOTEBOOK_LIMIT_S = 600
+"""The hard wall-clock limit for one notebook, kernel start included (seconds)."""
+
+
+def execute(path: Path, timeout: int, allow_errors: bool = False, limit_s: float = NOTEBOOK_LIMIT_S,
+            **kwargs) -> NotebookRun:
+    """Execute one notebook in its folder, in a process of its own killed at ``limit_s``; ``timeout``
+    is nbclient's per-cell limit inside it. With ``allow_errors`` every cell runs and each error stays
+    in its cell's outputs. Other keywords (``python``, ``env``) go to :func:`run_notebook`."""
+    return run_notebook(path, limit_s=limit_s, cwd=path.parent, cell_timeout_s=timeout,
+                        allow_errors=allow_errors, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell (default 300)")
+    parser.add_argument("--limit", type=float, default=NOTEBOOK_LIMIT_S,
+                        help=f"hard limit per notebook in seconds (default {NOTEBOOK_LIMIT_S})")
     parser.add_argument("--dry-run", action="store_true", help="report only; write nothing back")
     args = parser.parse_args(argv)
     source = setup_source()
     failed = 0
     for path in args.notebooks:
-        nb, seconds, error = execute(path, args.timeout)
-        problems = ([f"error: {error}"] if error else []) + output_problems(nb)
-        text = render(synced(nb, source))
-        if not error and not args.dry_run:
+        run = execute(path, args.timeout, limit_s=args.limit)
+        if not run.ok:
+            print(f"FAIL {path}  {run.seconds:6.1f} s\n     - {'hung' if run.timed_out else 'error'} at "
+                  f"{run.where()}: {run.error}")
+            failed += 1
+            continue
+        problems = output_problems(run.notebook)
+        text = render(synced(run.notebook, source))
+        if not args.dry_run:
             path.write_text(text)
         status = "FAIL" if problems else "ok"
-        print(f"{status:4} {path}  {seconds:6.1f} s  {len(text) / 1024:8.0f} KiB")
+        print(f"{status:4} {path}  {run.seconds:6.1f} s  {len(text) / 1024:8.0f} KiB")
         for problem in problems:
             print(f"     - {problem}")
         failed += bool(problems)

@@ -12,7 +12,8 @@ checked cell, once per variant:
 * torch forced to ``avx512`` with 2 threads, where the CPU has AVX-512.
 
 ``make test-notebooks`` already ran each notebook once natively with one thread. Each variant first
-checks that the forced capability is really in effect.
+checks that the forced capability is really in effect; each notebook runs in a process of its own
+under a hard limit (``run_nbval.py``).
 
 Usage::
 
@@ -28,6 +29,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_nbval import run_nbval  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK_TAG = "nbval-check-output"
@@ -87,27 +91,16 @@ def check_forced(env: dict[str, str]) -> None:
         raise SystemExit(f"ATEN_CPU_CAPABILITY={want.lower()} is not in effect: torch runs {got}")
 
 
-def start_variant(name: str, overrides: dict[str, str], notebooks: list[Path]) -> subprocess.Popen:
-    """Start nbval on ``notebooks`` under ``overrides``; its output is collected, not streamed."""
-    env = {**os.environ, **overrides}
-    check_forced(env)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
-           "--nbval-current-env", "--nbval-sanitize-with", "notebooks/sanitize.cfg",
-           *[str(p.relative_to(ROOT)) for p in notebooks]]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 def run_variants(runs: list[tuple[str, dict[str, str]]], notebooks: list[Path]) -> list[str]:
-    """Run the variants, as many at a time as there are CPU cores (each is one kernel, one thread of
-    Python); print each one's report when it ends; return the names of those that failed."""
-    failed, width = [], max(1, os.cpu_count() or 1)
-    for first in range(0, len(runs), width):
-        started = [(name, env, start_variant(name, env, notebooks)) for name, env in runs[first:first + width]]
-        for name, env, process in started:
-            output, _ = process.communicate()
-            print(f"== {name}: {' '.join(f'{k}={v}' for k, v in env.items())}\n{output}", flush=True)
-            if process.returncode != 0:
-                failed.append(name)
+    """Run the variants one after the other, each notebook in a process of its own under a hard limit
+    (``run_nbval.py``), as many at a time as there are CPU cores; return the names that failed."""
+    failed = []
+    for name, overrides in runs:
+        env = {**os.environ, **overrides}
+        check_forced(env)
+        print(f"== {name}: {' '.join(f'{k}={v}' for k, v in overrides.items())}", flush=True)
+        if not run_nbval(notebooks, env=env, jobs=max(1, min(2, os.cpu_count() or 1)), label=name):
+            failed.append(name)
     return failed
 
 

@@ -21,6 +21,10 @@
    on demand (TeX extensions, CommonHTML fonts, the menu) is copied from the PyPI package
    ``django-static-mathjax`` into ``_static/mathjax`` (``mathjax_path`` in ``_config.yml`` points
    there), so formulas render with no network.
+9. Every notebook is executed in a process of its own under a hard wall-clock limit
+   (:func:`servelab.nbrun.run_notebook`, ``SERVELAB_NOTEBOOK_LIMIT_S``, default 600 s): jupyter-cache's
+   in-process executor is replaced, so a notebook that hangs is killed with its kernel, and the build
+   fails with a warning naming the notebook and the cell it was running.
 8. The chapters count from 0 (the state machine is chapter 0): Sphinx numbers a toctree from 1, so
    after it has assigned section numbers every number's first component is lowered by one. Only the
    "Chapters" part of ``_toc.yml`` is numbered, so every numbered page is a chapter page.
@@ -233,8 +237,45 @@ def add_colab_link(app: Sphinx, docname: str, source: list[str]) -> None:
     source[0] = with_colab_link(source[0], url, slug)
 
 
+NOTEBOOK_LIMIT_ENV = "SERVELAB_NOTEBOOK_LIMIT_S"
+NOTEBOOK_LIMIT_S = 600
+
+
+def execute_with_deadline(nb, cwd, timeout, allow_errors, meta_override=True, **_ignored):
+    """jupyter-cache's ``single_nb_execution`` (same arguments, same result), but in a child process
+    killed at the hard limit. A timeout comes back as ``CellTimeoutError`` naming the cell, which
+    myst-nb reports as a warning on the notebook's page (``-W`` makes it fail the build)."""
+    from jupyter_cache.executors.utils import ExecutionResult
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+    from servelab.nbrun import run_notebook
+
+    if meta_override and "execution" in nb.metadata:
+        timeout = nb.metadata.execution.get("timeout", timeout)
+        allow_errors = nb.metadata.execution.get("allow_errors", allow_errors)
+    limit = float(os.environ.get(NOTEBOOK_LIMIT_ENV, NOTEBOOK_LIMIT_S))
+    run = run_notebook(nb, limit_s=limit, cwd=Path(cwd), cell_timeout_s=timeout or limit,
+                       allow_errors=allow_errors, name=Path(cwd).name)
+    if run.notebook is not None:
+        nb["cells"], nb["metadata"] = run.notebook.cells, run.notebook.metadata
+    if run.ok:
+        return ExecutionResult(nb, cwd, run.seconds)
+    where = f"cell {run.cell} (`{run.cell_line}`)" if run.cell is not None else "before its first cell"
+    text = f"{'hung' if run.timed_out else 'failed'} at {where}: {run.error}"
+    err = CellTimeoutError(text) if run.timed_out else CellExecutionError(text, "error", run.error or "")
+    return ExecutionResult(nb, cwd, run.seconds, err, text)
+
+
+def use_deadline_executor() -> None:
+    """Route myst-nb's notebook execution (cache and direct modes) through :func:`execute_with_deadline`."""
+    import myst_nb.core.execute.cache as cache_mode
+    import myst_nb.core.execute.direct as direct_mode
+
+    cache_mode.single_nb_execution = direct_mode.single_nb_execution = execute_with_deadline
+
+
 def setup(app: Sphinx) -> dict:
     unshadow_latex_codec()
+    use_deadline_executor()
     # Notebook kernels inherit this; servelab.viz.core then emits only what the HTML renders.
     os.environ["SERVELAB_BOOK_BUILD"] = "1"
     app.connect("config-inited", solutions_switch)

@@ -1,0 +1,119 @@
+"""nbval on the course notebooks, one notebook per process, each under a hard wall-clock limit.
+
+One pytest run over every notebook would share one fate: a notebook that hangs would hold the whole
+run past CI's limit. Here each notebook gets its own ``pytest --nbval-lax`` process (in a session of
+its own, see :func:`servelab.nbrun.run_command`), killed with its kernel at ``--limit`` seconds and
+reported with the cell it was running (nbval's verbose output names each cell as it starts). A hung
+notebook is retried once; a retry that passes still prints a warning naming the cell.
+
+Usage::
+
+    python tools/run_nbval.py notebooks/*.ipynb notebooks/exercises/*.ipynb
+    python tools/run_nbval.py --jobs 2 --limit 300 notebooks/ch03-sampling.ipynb
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from servelab.nbrun import CommandRun, run_command
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_LIMIT_S = 420
+"""The hard limit for one notebook's nbval run (seconds); the slowest notebook takes about a minute."""
+CELL_TIMEOUT_S = 300
+NBVAL = ["-m", "pytest", "-v", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
+         "--nbval-sanitize-with", "notebooks/sanitize.cfg", f"--nbval-cell-timeout={CELL_TIMEOUT_S}"]
+CELL_STARTED = re.compile(r"::Cell (\d+)")
+SUMMARY = re.compile(r"=+ (.*(?:passed|failed|error).*) in [\d.]+s")
+
+
+@dataclass(frozen=True)
+class NbvalRun:
+    """One notebook's nbval run; ``hung_at`` names the cell of a run that was killed (or '')."""
+
+    notebook: Path
+    run: CommandRun
+    hung_at: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.run.timed_out and self.run.returncode == 0
+
+    def summary(self) -> str:
+        found = SUMMARY.findall(self.run.output)
+        return found[-1] if found else "no summary"
+
+
+def running_cell(notebook: Path, output: str) -> str:
+    """``cell K (`first line`)`` for the last cell nbval started (its numbering counts code cells)."""
+    started = CELL_STARTED.findall(output)
+    if not started:
+        return "before its first cell"
+    index = int(started[-1])
+    code = [c for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code"]
+    lines = [line.strip() for line in code[index].source.splitlines() if line.strip()] if index < len(code) else []
+    return f"cell {index} (`{lines[0][:120] if lines else ''}`)"
+
+
+def nbval_once(notebook: Path, env: dict[str, str] | None, limit_s: float) -> NbvalRun:
+    run = run_command([sys.executable, *NBVAL, str(notebook)], limit_s=limit_s, cwd=ROOT, env=env)
+    return NbvalRun(notebook, run, running_cell(notebook, run.output) if run.timed_out else "")
+
+
+def nbval_notebook(notebook: Path, env: dict[str, str] | None = None, limit_s: float = NOTEBOOK_LIMIT_S,
+                   log=print) -> tuple[NbvalRun, str]:
+    """nbval on one notebook, retried once if it hangs; returns the run and a warning ('' if none)."""
+    first = nbval_once(notebook, env, limit_s)
+    if not first.run.timed_out:
+        return first, ""
+    log(f"HANG {notebook}: killed after {first.run.seconds:.0f} s at {first.hung_at}; retrying once")
+    second = nbval_once(notebook, env, limit_s)
+    if second.run.timed_out:
+        return second, f"{notebook} hung twice: at {first.hung_at}, then at {second.hung_at}"
+    return second, f"{notebook} hung once at {first.hung_at}; its retry {'passed' if second.ok else 'failed'}"
+
+
+def run_nbval(notebooks: list[Path], env: dict[str, str] | None = None, jobs: int = 2,
+              limit_s: float = NOTEBOOK_LIMIT_S, label: str = "") -> bool:
+    """nbval on every notebook, ``jobs`` at a time; prints one line per notebook; True if all passed."""
+    prefix = f"[{label}] " if label else ""
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(lambda nb: nbval_notebook(nb, env, limit_s, log=lambda m: print(prefix + m,
+                                                                                               flush=True)),
+                                notebooks))
+    failed, warnings = 0, []
+    for run, warning in results:
+        status = "ok" if run.ok else ("HUNG" if run.run.timed_out else "FAIL")
+        print(f"{prefix}{status:4} {run.notebook}  {run.run.seconds:5.1f} s  {run.summary()}", flush=True)
+        if not run.ok and not run.run.timed_out:
+            print(run.run.output[-6000:])
+        if warning:
+            warnings.append(warning)
+        failed += not run.ok
+    for warning in warnings:
+        print(f"{prefix}WARNING (hang): {warning}")
+    print(f"{prefix}nbval: {len(notebooks) - failed} passed, {failed} failed notebooks"
+          f"{f', {len(warnings)} hung at least once' if warnings else ''}")
+    return failed == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="+", type=Path)
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--limit", type=float, default=NOTEBOOK_LIMIT_S, help="seconds per notebook")
+    args = parser.parse_args(argv)
+    return 0 if run_nbval(args.notebooks, jobs=args.jobs, limit_s=args.limit) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
