@@ -71,6 +71,7 @@ def execute(path: Path, timeout: int, allow_errors: bool = False, limit_s: float
     """Execute one notebook in its folder, in a process of its own killed at ``limit_s``; ``timeout``
     is nbclient's per-cell limit inside it. With ``allow_errors`` every cell runs and each error stays
     in its cell's outputs. Other keywords (``python``, ``env``) go to :func:`run_notebook`."""
+    path = path.resolve()  # the kernel's folder must not be read relative to the runner's own
     return run_notebook(path, limit_s=limit_s, cwd=path.parent, cell_timeout_s=timeout,
                         allow_errors=allow_errors, **kwargs)
 

@@ -11,6 +11,8 @@ cell it was running is named). The runners:
 * ``nbval``: ``tools/run_nbval.py``, one notebook per pytest process.
 
 ``--burn N`` starts N busy-looping processes for the duration (default: one per core).
+``--widget-cells N`` adds a generated notebook of N live-control cells (``sampling_controls``), the
+kind of cell after which the stalls were seen, to make a rare stall common enough to count.
 
 Usage::
 
@@ -76,14 +78,35 @@ def run_once(runner: str, notebook: Path, limit_s: float) -> tuple[bool, float, 
     raise SystemExit(f"unknown runner {runner!r}: use stock, nbrun, book or nbval")
 
 
+def widget_notebook(cells: int, folder: Path) -> Path:
+    """A notebook of ``cells`` live ipywidgets controls, each followed by a one-line cell."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("import numpy as np\nfrom servelab.viz import sampling as vs\n"
+                                          "z = np.linspace(3, -3, 12)\nlabels = [f't{i}' for i in range(12)]")]
+    for index in range(cells):
+        nb.cells += [nbformat.v4.new_code_cell(f"vs.sampling_controls(z, labels, show_top={5 + index % 5})"),
+                     nbformat.v4.new_code_cell(f"x = {index}\nx")]
+    path = folder / f"widgets-{cells}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="+", type=Path)
+    parser.add_argument("notebooks", nargs="*", type=Path)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--runners", default="stock,nbrun,book,nbval")
     parser.add_argument("--limit", type=float, default=150.0, help="seconds before a run counts as hung")
     parser.add_argument("--burn", type=int, default=os.cpu_count() or 1, help="busy processes beside it")
+    parser.add_argument("--widget-cells", type=int, default=0, help="add a generated widget notebook")
     args = parser.parse_args(argv)
+    if args.widget_cells:
+        import tempfile
+
+        args.notebooks.append(widget_notebook(args.widget_cells, Path(tempfile.mkdtemp(prefix="servelab-stress-"))))
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burn)]
     hangs: Counter = Counter()
     try:
