@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One stage of `make test`: run it under a hard wall-clock limit, print its wall time, and append
 # the time to _build/stages.log (`make test` prints the table at the end, slowest stage first).
-# Usage: tools/stage.sh NAME LIMIT_SECONDS COMMAND [ARGS...]
+# Usage: tools/stage.sh NAME LIMIT_SECONDS [VAR=VALUE...] COMMAND [ARGS...]
 # At the limit the stage's process group gets SIGTERM, then SIGKILL 30 s later; the stage then fails
 # with a line that names it. (Notebook runners also keep a hard limit per notebook of their own.)
 set -u
@@ -9,7 +9,7 @@ name=$1 limit=$2
 shift 2
 
 start=$(date +%s)
-timeout --kill-after=30 "$limit" "$@"
+timeout --kill-after=30 "$limit" env "$@"
 status=$?
 seconds=$(( $(date +%s) - start ))
 if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
