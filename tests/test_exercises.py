@@ -587,3 +587,36 @@ def test_simulations_exercise_chunks_and_block_pressure():
 def test_tick_plan_must_be_pairs():
     detail = check_scheduler_tick(lambda *args: {"A": 1}, verbose=False).failures[0].detail
     assert "expected a list of (request_id, n) pairs" in detail
+
+
+# ------------------------------------------------------------------------ hidden cases (grading seed)
+
+@pytest.mark.parametrize("seed", [1, 20261202])
+@pytest.mark.parametrize("name, check, right, wrong, failing_case", CHECKS, ids=[c[0] for c in CHECKS])
+def test_hidden_cases_keep_every_rule(name, check, right, wrong, failing_case, seed):
+    public = check(*right, verbose=False)
+    hidden = check(*right, verbose=False, seed=seed)
+    assert hidden.passed, hidden.report()
+    assert [(c.name, c.max_points) for c in hidden.cases] == [(c.name, c.max_points) for c in public.cases]
+    assert failing_case in [c.name for c in check(*wrong, verbose=False, seed=seed).failures]
+
+
+def test_hidden_cases_differ_by_seed_and_repeat_for_one_seed():
+    from servelab.exercises import admission, kv, metrics, sampling, sizing, streaming
+
+    for make in (lambda s: sampling.hidden_cases(sampling.TOP_P_CASES, s, "top_p"), streaming.hidden_cases,
+                 kv.hidden_scenarios, metrics.hidden_cases, sizing.hidden_cases, admission.hidden_cases):
+        assert make(7) == make(7)
+        assert make(7) != make(8)
+
+
+def test_top_p_tie_case_catches_a_reversed_tie_break():
+    def larger_id_wins(probs, p):
+        order = np.lexsort((-np.arange(len(probs)), -np.asarray(probs)))  # ties: the larger id first
+        keep = order[np.cumsum(np.asarray(probs)[order]) - np.asarray(probs)[order] < p]
+        out = np.zeros(len(probs))
+        out[keep] = np.asarray(probs)[keep]
+        return out / out.sum()
+
+    failed = {c.name for c in check_top_p(larger_id_wins, verbose=False).failures}
+    assert "ties broken by the smaller id" in failed

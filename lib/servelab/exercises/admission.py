@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from servelab.exercises._reference import reference_admit
+from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
 __all__ = ["check_admission"]
@@ -50,6 +51,18 @@ ADMISSION_CASES = (
 )
 
 
+def hidden_cases(seed: int) -> tuple:
+    """The public rules with fresh names, and the block size and every token count scaled by 1, 2 or 4
+    (the same blocks per request, so every rule still holds)."""
+    rng = hidden_rng(seed, "admission")
+    cases = []
+    for rule, (queue, pool_blocks, held, block_size, slots), points in ADMISSION_CASES:
+        k, names = rng.choice((1, 2, 4)), renamer(rng, [name for name, _, _ in queue])
+        scaled = [(names[name], prompt * k, output * k) for name, prompt, output in queue]
+        cases.append((rule, (scaled, pool_blocks, held, block_size * k, slots), points))
+    return tuple(cases)
+
+
 def _steps(queue: list, pool_blocks: int, held: int, block_size: int) -> str:
     left, parts = pool_blocks - held, []
     for name, prompt, output in queue:
@@ -70,9 +83,10 @@ def _case(admit: Admit, args: tuple) -> None:
                           f"{_steps(queue, pool_blocks, held, block_size)}")
 
 
-def check_admission(admit: Admit, verbose: bool = True) -> CheckResult:
-    """Run the hidden admission cases against FCFS admission with reservations."""
-    cases = [Case(rule, lambda a=args: _case(admit, a), points) for rule, args, points in ADMISSION_CASES]
+def check_admission(admit: Admit, verbose: bool = True, seed: int | None = None) -> CheckResult:
+    """Run the admission cases (public, or the hidden ones of ``seed``) against FCFS with reservations."""
+    table = ADMISSION_CASES if seed is None else hidden_cases(seed)
+    cases = [Case(rule, lambda a=args: _case(admit, a), points) for rule, args, points in table]
     return run_cases("admission with reservations", cases, verbose)
 
 

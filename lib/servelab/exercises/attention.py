@@ -24,11 +24,12 @@ mask (key ``j`` visible to query ``t`` iff ``j <= positions[t]``). Float32 on th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
+from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
 __all__ = ["PagedCase", "check_paged_attention", "expected_attention", "scatter_into_pool"]
@@ -66,6 +67,17 @@ CASES = (
               3, 3, (2, 0), 4, n_heads=6, n_kv_heads=2, points=2),
     PagedCase("the unwritten tail of the last block never leaks into the answer", 2, 3, (1, 3), 4),
 )
+
+
+def hidden_cases(seed: int) -> tuple[tuple[int, PagedCase], ...]:
+    """``(tensor seed, case)`` pairs for ``seed``: each public case with new random tensors and its
+    logical blocks mapped to other distinct physical blocks of the same pool."""
+    rng = hidden_rng(seed, "paged_attention")
+    out = []
+    for case in CASES:
+        physical = rng.sample(range(case.num_blocks), len(case.block_table))
+        out.append((rng.randrange(2**31), replace(case, block_table=tuple(physical))))
+    return tuple(out)
 
 
 def scatter_into_pool(k: torch.Tensor, block_table: list[int], num_blocks: int, block_size: int,
@@ -139,10 +151,12 @@ def _run(paged_attention: PagedAttention, case: PagedCase, seed: int) -> None:
     _compare(case, got, expected, positions)
 
 
-def check_paged_attention(paged_attention: PagedAttention, verbose: bool = True) -> CheckResult:
-    """Run the hidden cases against causal attention on the contiguous K, V (the oracle above)."""
-    cases = [Case(c.rule, lambda c=c, s=seed: _run(paged_attention, c, s), c.points)
-             for seed, c in enumerate(CASES)]
+def check_paged_attention(paged_attention: PagedAttention, verbose: bool = True,
+                          seed: int | None = None) -> CheckResult:
+    """Run the cases (public, or the hidden ones of ``seed``) against causal attention on contiguous K, V."""
+    table = tuple(enumerate(CASES)) if seed is None else hidden_cases(seed)
+    cases = [Case(c.rule, lambda c=c, s=tensor_seed: _run(paged_attention, c, s), c.points)
+             for tensor_seed, c in table]
     return run_cases("paged attention", cases, verbose)
 
 

@@ -9,7 +9,7 @@ computed from the checkers' reference.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from servelab.exercises import (admission, attention, kv, metrics, sampling, scheduling, sizing, speculative, streaming,
                                 tick)
@@ -20,12 +20,15 @@ __all__ = ["EXERCISES", "Exercise", "exercise_for", "worked_example"]
 
 @dataclass(frozen=True)
 class Exercise:
-    """One notebook: ``checks`` pairs each checker with the student names it is called with, in order."""
+    """One notebook: ``checks`` pairs each checker with the student names it is called with, in order;
+    ``allowed`` maps each ``servelab`` module graded code may import to the names it may take from it
+    (the grader's worker provides stand-ins for them; every other ``servelab`` import is refused)."""
 
     stem: str
     title: str
     checks: tuple[tuple[Callable[..., CheckResult], tuple[str, ...]], ...]
     example: Callable[[], str]
+    allowed: dict[str, list[str]] = field(default_factory=dict)
 
 
 EXERCISES: dict[str, Exercise] = {e.stem: e for e in (
@@ -38,7 +41,8 @@ EXERCISES: dict[str, Exercise] = {e.stem: e for e in (
     Exercise("ex04-batching-tick", "one continuous-batching tick",
              ((scheduling.check_batching_tick, ("tick",)),), scheduling.worked_example),
     Exercise("ex05-goodput", "goodput",
-             ((metrics.check_goodput, ("goodput",)),), metrics.worked_example),
+             ((metrics.check_goodput, ("goodput",)),), metrics.worked_example,
+             {"servelab.metrics": ["RequestTiming"]}),
     Exercise("ex06-speculative", "the speculative accept/correct rule",
              ((speculative.check_speculative, ("accept_probability", "residual")),), speculative.worked_example),
     Exercise("ex07-kv-sizing", "KV bytes per token and requests per pool",

@@ -1,41 +1,43 @@
-"""Batch grading: execute every student's exercise notebooks and write points per exercise and per case.
+"""Batch grading: call each student's code in an isolated worker, judge it in the grader.
 
-Layout of ``SUBMISSIONS_DIR``: one folder per student, holding that student's copies of the exercise
-notebooks under their shipped names (``alice/ex03-block-allocator.ipynb``); a notebook directly in
-``SUBMISSIONS_DIR`` is graded as the student named by the part of its name before ``__``
-(``alice__ex03-block-allocator.ipynb``). Notebooks whose stem is not an exercise are skipped.
+For one notebook (:func:`grade_notebook`): the cells' definitions (see :mod:`.extract`) run in a
+worker process (see :mod:`.sandbox`) that starts in a fresh empty folder, with CPU-time, memory and
+output limits per case, and refuses every ``servelab`` import its exercise does not allow. The
+exercise's checkers then run **here**, on the *hidden* cases generated from the instructor's secret
+seed, calling the student's functions and classes through proxies: the inputs go to the worker and
+the student's answers come back as plain data, so the expected values, the checkers and the grade
+sheet never exist where the student's code runs. A case's note names the rule's input and what the
+student returned (or the refused import, the time limit, the crash), never a hidden expected value.
 
-Each notebook runs in a fresh kernel with nbclient, with a wall-clock limit per notebook, its set-up
-cell left out (it would pip-install on a machine without servelab). Cells that raise do not stop the
-run: the grader then appends one cell of its own that calls the exercise's checkers on the names the
-notebook defined and prints the result as JSON. A notebook that times out, kills its kernel or never
-defines the names scores 0 on every case, with the reason in the ``note`` column.
+For a folder (:func:`grade_submissions`): see :mod:`.submissions` for the names accepted; notebooks
+are graded ``jobs`` at a time, inside :func:`.reaper.reaping`, so every process a submission started
+is killed before the grade sheet is written (atomically, by :mod:`.lms`).
 
-System boundary: the grader runs student code as the current user in the current environment; run
-it in a sandbox (a container, a throwaway account) for untrusted submissions.
+System boundary: the worker runs as the grader's user. It cannot see the grader's memory, files or
+arguments through Python, but a process of the same user can signal the grader; run untrusted
+cohorts in a container or a throwaway account.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import math
-import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellTimeoutError
 
-from servelab._validate import require_real
+from servelab._validate import require_int
+from servelab.exercises import sandbox
 from servelab.exercises.catalog import EXERCISES, Exercise, exercise_for
+from servelab.exercises.extract import graded_statements
+from servelab.exercises.reaper import reaping, sweep
+from servelab.exercises.result import CheckResult, observing_cases
+from servelab.exercises.sandbox import CaseLog, Limits, RemoteClass, RemoteFunction, Worker
+from servelab.exercises.submissions import Skipped, Submission, find_submissions
 
-__all__ = ["CaseGrade", "grade_notebook", "grade_submissions", "write_grades"]
+__all__ = ["CaseGrade", "GradeRun", "Limits", "grade_notebook", "grade_submissions"]
 
-_MARK = "SERVELAB-GRADE-JSON:"
-_SETUP_PREFIX = "# Set-up:"
-COLUMNS = ("student", "exercise", "case", "points", "max_points", "note")
+_MAX_LOG_LINES = 12
 
 
 @dataclass(frozen=True)
@@ -48,145 +50,122 @@ class CaseGrade:
     points: int
     max_points: int
     note: str = ""
+    path: str = ""
+    lms_id: str = ""
 
 
-def _grading_cell(exercise: Exercise) -> str:
-    """Source of the cell the grader appends: run each checker on the notebook's names, print JSON."""
-    calls = [(check.__module__, check.__name__, names) for check, names in exercise.checks]
-    return (
-        "import importlib as _il, json as _json\n"
-        f"_out = []\nfor _mod, _fn, _names in {calls!r}:\n"
-        "    _check = getattr(_il.reload(_il.import_module(_mod)), _fn)\n"
-        "    _missing = [n for n in _names if n not in globals()]\n"
-        "    _r = _check(*[globals().get(n) for n in _names], verbose=False) if not _missing else None\n"
-        "    _out.append({'checker': _fn, 'missing': _missing, 'cases': [] if _r is None else "
-        "[[c.name, c.points, c.max_points, c.detail] for c in _r.cases]})\n"
-        f"print({_MARK!r} + _json.dumps(_out))\n"
-    )
+@dataclass(frozen=True)
+class GradeRun:
+    """Everything a batch produced: the rows (cases and totals) and every file skipped, with its reason."""
 
-
-def _prepare(path: Path, exercise: Exercise) -> nbformat.NotebookNode:
-    nb = nbformat.read(str(path), as_version=4)
-    nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and c.source.startswith(_SETUP_PREFIX))]
-    nb.cells.append(nbformat.v4.new_code_cell(_grading_cell(exercise)))
-    return nb
-
-
-class _OverTime(Exception):
-    """The notebook used up its time limit."""
-
-
-def _execute(nb: nbformat.NotebookNode, folder: Path, time_limit: float) -> None:
-    """Run every cell in one fresh kernel; each cell may use what is left of the notebook's limit."""
-    client = NotebookClient(nb, allow_errors=True, kernel_name="python3", shutdown_kernel="immediate",
-                            resources={"metadata": {"path": str(folder)}})
-    deadline = time.monotonic() + time_limit
-    with client.setup_kernel():
-        for index, cell in enumerate(nb.cells):
-            client.timeout = math.ceil(deadline - time.monotonic())
-            if client.timeout <= 0:
-                raise _OverTime
-            try:
-                client.execute_cell(cell, index)
-            except CellTimeoutError:
-                raise _OverTime from None
-
-
-def _first_error(nb: nbformat.NotebookNode) -> str:
-    for index, cell in enumerate(nb.cells):
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                return f"cell {index} raised {out.get('ename')}: {out.get('evalue')}"
-    return ""
-
-
-def _report(nb: nbformat.NotebookNode) -> list[dict] | None:
-    for out in nb.cells[-1].get("outputs", []):
-        for line in out.get("text", "").splitlines():
-            if line.startswith(_MARK):
-                return json.loads(line[len(_MARK):])
-    return None
-
-
-def _zero_rows(student: str, exercise: Exercise, note: str, checks: tuple | None = None) -> list[CaseGrade]:
-    """Every case of ``checks`` (default: all the exercise's) at 0 points, from a run on stubs."""
-    rows = []
-    for check, names in checks or exercise.checks:
-        stubs = [_not_implemented] * len(names)
-        rows += [CaseGrade(student, exercise.stem, c.name, 0, c.max_points, note)
-                 for c in check(*stubs, verbose=False).cases]
-    return rows
+    rows: list[CaseGrade]
+    skipped: list[Skipped]
 
 
 def _not_implemented(*args: object, **kwargs: object) -> None:
     raise NotImplementedError
 
 
-def _rows_from(student: str, exercise: Exercise, report: list[dict], crash: str) -> list[CaseGrade]:
-    rows: list[CaseGrade] = []
-    for (check, names), entry in zip(exercise.checks, report):
-        if entry["missing"]:
-            note = f"not defined: {', '.join(entry['missing'])}" + (f"; {crash}" if crash else "")
-            rows += _zero_rows(student, exercise, note, ((check, names),))
-            continue
-        rows += [CaseGrade(student, exercise.stem, name, points, max_points, detail.splitlines()[0] if detail else "")
-                 for name, points, max_points, detail in entry["cases"]]
+def _zero_rows(exercise: Exercise, checks: tuple, note: str, seed: int) -> list[CaseGrade]:
+    """Every case of ``checks`` at 0 points (their names and points come from a run on stubs)."""
+    rows = []
+    for check, names in checks:
+        result = check(*[_not_implemented] * len(names), verbose=False, seed=seed)
+        rows += [CaseGrade("", exercise.stem, c.name, 0, c.max_points, note) for c in result.cases]
     return rows
 
 
-def grade_notebook(path: str | Path, student: str, time_limit: float = 60.0) -> list[CaseGrade]:
-    """Execute one student's exercise notebook and return one row per case plus the exercise's total row."""
+def _note(log: CaseLog, detail: str) -> str:
+    """A failed case's note: the refused import, the limit, or the calls made and what they returned."""
+    head = []
+    if log.refused:
+        head.append(f"refused import: {', '.join(dict.fromkeys(log.refused))}")
+    if log.timed_out:
+        head.append("stopped at the case's time limit")
+    if log.output_limit:
+        head.append("printed more than the output limit")
+    if detail == "not implemented yet":
+        head.append(detail)
+    calls = log.calls[-_MAX_LOG_LINES:]
+    skipped = len(log.calls) - len(calls)
+    steps = [f"... {skipped} earlier call(s)"] if skipped else []
+    return "\n".join([*head, *steps, *calls]) or "the answer differs from the hidden case's expected one"
+
+
+def _run_check(worker: Worker, check: object, names: tuple[str, ...], kinds: dict, seed: int,
+               exercise: Exercise) -> list[CaseGrade]:
+    """Run one checker here on proxies of the student's names; one row per case."""
+    proxies = [RemoteClass(worker, n) if kinds[n] == "class" else RemoteFunction(worker, n) for n in names]
+    logs: list[CaseLog] = []
+
+    def start(rule: str) -> None:
+        worker.start_case(rule)
+        logs.append(worker.log)
+
+    with observing_cases(start):
+        result: CheckResult = check(*proxies, verbose=False, seed=seed)
+    logs += [CaseLog()] * (len(result.cases) - len(logs))
+    return [CaseGrade("", exercise.stem, c.name, c.points, c.max_points,
+                      "" if c.passed and not log.refused else _note(log, c.detail))
+            for c, log in zip(result.cases, logs)]
+
+
+def _refusal_zeroes(rows: list[CaseGrade]) -> list[CaseGrade]:
+    """A case whose calls used a refused import scores 0, even if the student caught the ImportError."""
+    return [replace(r, points=0) if r.note.startswith("refused import") else r for r in rows]
+
+
+def grade_notebook(path: str | Path, student: str, seed: int, limits: Limits = Limits(),
+                   lms_id: str = "") -> list[CaseGrade]:
+    """Grade one notebook on the hidden cases of ``seed``: one row per case plus the exercise's TOTAL row."""
     path = Path(path)
-    require_real("time_limit", time_limit, 0, strict_min=True)
-    exercise = exercise_for(path.stem.split("__")[-1])
+    require_int("seed", seed, 0)
+    exercise = exercise_for(next((s for s in EXERCISES if s in path.name), path.stem.split("__")[-1]))
+    names = tuple(n for _, ns in exercise.checks for n in ns)
+    crash = ""
     try:
-        nb = _prepare(path, exercise)
-        _execute(nb, path.parent, time_limit)
-        report, crash = _report(nb), _first_error(nb)
-    except _OverTime:
-        report, crash = None, f"timed out after {time_limit:g} s"
-    except Exception as exc:  # a dead kernel or an unreadable notebook scores 0, the batch goes on
-        report, crash = None, f"the notebook could not run: {type(exc).__name__}: {exc}"
-    if report is None:
-        rows = _zero_rows(student, exercise, crash or "the grading cell did not run")
-    else:
-        rows = _rows_from(student, exercise, report, crash)
+        statements, problems = graded_statements(nbformat.read(str(path), as_version=4), names)
+    except Exception as exc:  # an unreadable notebook scores 0, the batch goes on
+        statements, problems = [], [f"the notebook could not be read: {type(exc).__name__}: {exc}"]
+    worker = Worker(statements, exercise.allowed, limits)
+    try:
+        loaded = worker.load() if statements else {"kinds": {}, "errors": [], "refused": []}
+        kinds, refused = loaded["kinds"], loaded["refused"]
+        crash = "; ".join([*problems, *loaded["errors"]][:3])
+        rows: list[CaseGrade] = []
+        for check, check_names in exercise.checks:
+            missing = [n for n in check_names if kinds.get(n) not in ("class", "function")]
+            if missing:
+                note = "; ".join([f"not defined: {', '.join(missing)}",
+                                  *([f"refused import: {', '.join(refused)}"] if refused else []),
+                                  *([crash] if crash else [])])
+                rows += _zero_rows(exercise, ((check, check_names),), note, seed)
+            else:
+                rows += _run_check(worker, check, check_names, kinds, seed, exercise)
+    finally:
+        worker.close()
+    rows = [replace(r, student=student, path=str(path), lms_id=lms_id) for r in _refusal_zeroes(rows)]
     total = CaseGrade(student, exercise.stem, "TOTAL", sum(r.points for r in rows),
-                      sum(r.max_points for r in rows), crash)
+                      sum(r.max_points for r in rows), crash, str(path), lms_id)
     return [*rows, total]
 
 
-def _submissions(folder: Path) -> list[tuple[str, Path]]:
-    """(student, notebook) pairs, sorted, for every notebook whose stem names an exercise."""
-    found = []
-    for path in sorted(folder.rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in path.parts:
-            continue
-        stem = path.stem.split("__")[-1]
-        if stem not in EXERCISES:
-            continue
-        student = path.stem.split("__")[0] if path.parent == folder else path.relative_to(folder).parts[0]
-        found.append((student, path))
-    return found
+def grade_submissions(folder: str | Path, seed: int, limits: Limits = Limits(), jobs: int = 1) -> GradeRun:
+    """Grade every submission under ``folder``, ``jobs`` notebooks at a time; ValueError when there is none.
 
-
-def grade_submissions(folder: str | Path, time_limit: float = 60.0) -> list[CaseGrade]:
-    """Grade every submission under ``folder``; ValueError when it holds no exercise notebook."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"submissions must be a folder, got {str(folder)!r}")
-    pairs = _submissions(folder)
-    if not pairs:
+    Returns once every process any submission started is gone.
+    """
+    require_int("jobs", jobs, 1)
+    found, skipped = find_submissions(folder)
+    if not found:
         raise ValueError(f"no exercise notebook ({', '.join(sorted(EXERCISES))}) under {folder}")
-    return [row for student, path in pairs for row in grade_notebook(path, student, time_limit)]
+    with reaping() as before:
+        def one(sub: Submission) -> list[CaseGrade]:
+            rows = grade_notebook(sub.path, sub.student, seed, limits, sub.lms_id)
+            with sandbox.SPAWN_LOCK:
+                sweep(before | sandbox.LIVE)
+            return rows
 
-
-def write_grades(rows: list[CaseGrade], out: str | Path) -> Path:
-    """Write the grade sheet as CSV with the columns of :data:`COLUMNS`; returns the path."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(COLUMNS)
-        writer.writerows((r.student, r.exercise, r.case, r.points, r.max_points, r.note) for r in rows)
-    return out
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            graded = list(pool.map(one, found))
+    return GradeRun([row for rows in graded for row in rows], skipped)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 
 from servelab.exercises._reference import ReferenceAllocator
+from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
 __all__ = ["check_block_allocator"]
@@ -49,6 +50,20 @@ SCENARIOS = (
      [("allocate", "A", 12), ("allocate", "B", 8)], 1),
     ("freeing twice is a no-op", 4, 2, [("allocate", "A", 3), ("free", "A"), ("free", "A")], 1),
 )
+
+
+def hidden_scenarios(seed: int) -> tuple:
+    """The public scenarios with fresh sequence ids and the block size and allocated tokens scaled by
+    1, 2 or 4 (the same blocks, full or partial tails, so every rule still holds)."""
+    rng = hidden_rng(seed, "block_allocator")
+    scenarios = []
+    for rule, n, block_size, ops, points in SCENARIOS:
+        k = rng.choice((1, 2, 4))
+        names = renamer(rng, sorted({a for op in ops for a in op[1:] if isinstance(a, str)}))
+        renamed = [tuple(names.get(a, a) if isinstance(a, str) else a for a in op) for op in ops]
+        scaled = [(op[0], op[1], op[2] * k) if op[0] == "allocate" else op for op in renamed]
+        scenarios.append((rule, n, block_size * k, scaled, points))
+    return tuple(scenarios)
 
 
 def _apply(alloc: object, op: tuple) -> object:
@@ -100,11 +115,13 @@ def _run_scenario(student_cls: Callable[[int, int], object], num_blocks: int, bl
         done.append(f"step {step} {_call_text(op)} -> {got!r}, {got_free} free blocks, refcounts {got_refs}")
 
 
-def check_block_allocator(allocator_cls: Callable[[int, int], object], verbose: bool = True) -> CheckResult:
-    """Run the hidden allocator scenarios against the reference (``servelab.kv.BlockAllocator``)."""
+def check_block_allocator(allocator_cls: Callable[[int, int], object], verbose: bool = True,
+                          seed: int | None = None) -> CheckResult:
+    """Run the allocator scenarios (public, or the hidden ones of ``seed``) against the reference."""
+    table = SCENARIOS if seed is None else hidden_scenarios(seed)
     cases = [
         Case(rule, lambda n=n, bs=bs, ops=ops: _run_scenario(allocator_cls, n, bs, ops), points)
-        for rule, n, bs, ops, points in SCENARIOS
+        for rule, n, bs, ops, points in table
     ]
     return run_cases("block allocator", cases, verbose)
 

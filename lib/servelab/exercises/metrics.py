@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 from servelab.metrics import RequestTiming, goodput, slo_attainment
 
@@ -48,6 +49,25 @@ GOODPUT_CASES = (
 )
 
 
+def _scaled(r: RequestTiming, scale: float) -> RequestTiming:
+    return RequestTiming(arrival=r.arrival * scale, first_scheduled=r.first_scheduled * scale,
+                         emit_times=tuple(t * scale for t in r.emit_times), finish=r.finish * scale)
+
+
+def hidden_cases(seed: int) -> tuple:
+    """The public rules with every time (records, SLOs, window) scaled by a power of two from 1/2 to 4,
+    and the records shuffled. Powers of two scale these binary fractions exactly, so a request that
+    met an SLO exactly still meets it exactly."""
+    rng = hidden_rng(seed, "goodput")
+    cases = []
+    for rule, records, ttft, tpot, (start, end), points in GOODPUT_CASES:
+        scale = rng.choice((0.5, 2.0, 4.0))
+        scaled = [_scaled(r, scale) for r in records]
+        rng.shuffle(scaled)
+        cases.append((rule, scaled, ttft * scale, tpot * scale, (start * scale, end * scale), points))
+    return tuple(cases)
+
+
 def _compare(fn: Goodput, records: list[RequestTiming], ttft_slo: float, tpot_slo: float, window: tuple) -> None:
     expected = goodput(records, ttft_slo, tpot_slo, window)
     got = fn(list(records), ttft_slo, tpot_slo, window)
@@ -61,11 +81,12 @@ def _compare(fn: Goodput, records: list[RequestTiming], ttft_slo: float, tpot_sl
         raise CaseFailure(f"{call} returned {got!r}, expected {expected:g} requests/s{hint}\n{inputs}")
 
 
-def check_goodput(fn: Goodput, verbose: bool = True) -> CheckResult:
-    """Run the hidden goodput cases against ``servelab.metrics.goodput``."""
+def check_goodput(fn: Goodput, verbose: bool = True, seed: int | None = None) -> CheckResult:
+    """Run the goodput cases (public, or the hidden ones of ``seed``) against ``servelab.metrics.goodput``."""
+    table = GOODPUT_CASES if seed is None else hidden_cases(seed)
     cases = [
         Case(rule, lambda r=records, t=ttft, p=tpot, w=window: _compare(fn, r, t, p, w), points)
-        for rule, records, ttft, tpot, window, points in GOODPUT_CASES
+        for rule, records, ttft, tpot, window, points in table
     ]
     return run_cases("goodput", cases, verbose)
 

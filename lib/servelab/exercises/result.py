@@ -12,10 +12,25 @@ exception as a failed case naming it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
-__all__ = ["Case", "CaseFailure", "CaseResult", "CheckResult", "run_cases"]
+__all__ = ["Case", "CaseFailure", "CaseResult", "CheckResult", "observing_cases", "run_cases"]
+
+_OBSERVER: ContextVar[Callable[[str], None] | None] = ContextVar("servelab_case_observer", default=None)
+
+
+@contextmanager
+def observing_cases(callback: Callable[[str], None]) -> Iterator[None]:
+    """Call ``callback(rule)`` before each case that :func:`run_cases` runs in this context (the grader's
+    hook: it starts a fresh call log and time budget per case)."""
+    token = _OBSERVER.set(callback)
+    try:
+        yield
+    finally:
+        _OBSERVER.reset(token)
 
 
 class CaseFailure(AssertionError):
@@ -108,7 +123,10 @@ def _outcome(case: Case) -> CaseResult | None:
 def run_cases(exercise: str, cases: Sequence[Case], verbose: bool = True) -> CheckResult:
     """Run every case, collect the outcomes, print the report when ``verbose``; never raises."""
     results: list[CaseResult] = []
+    observer = _OBSERVER.get()
     for case in cases:
+        if observer is not None:
+            observer(case.rule)
         outcome = _outcome(case)
         if outcome is None:
             unscored = tuple(CaseResult(c.rule, False, "not implemented yet", c.points) for c in cases)

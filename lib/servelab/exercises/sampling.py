@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 from servelab.sampling import min_p_filter, softmax, top_p_filter
 
@@ -28,7 +29,7 @@ TOP_P_CASES = (
     ("the top token alone reaches p", [0.9, 0.06, 0.04], 0.5),
     ("p = 1 keeps the whole support", [0.7, 0.2, 0.1], 1.0),
     ("masked tokens stay at zero", [0.0, 0.5, 0.3, 0.2], 0.9),
-    ("ties broken by the smaller id", [0.3, 0.3, 0.2, 0.2], 0.5),
+    ("ties broken by the smaller id", [0.4, 0.2, 0.2, 0.2], 0.5),
 )
 
 MIN_P_CASES = (
@@ -39,6 +40,21 @@ MIN_P_CASES = (
     ("masked tokens stay at zero", [0.0, 0.45, 0.35, 0.2], 0.5),
     ("flattened by temperature 2", softmax(np.array([3.0, 2.0, 1.0, 0.0]) / 2.0).tolist(), 0.4),
 )
+
+
+def hidden_cases(table: tuple, seed: int, checker: str) -> tuple:
+    """``table``'s rules on new inputs: the tokens permuted and 1-3 masked (zero) tokens inserted.
+
+    Every rule survives both moves: ties stay ties (the reference still breaks them by the smaller
+    id), sorted input becomes unsorted only where the rule does not care.
+    """
+    rng = hidden_rng(seed, checker)
+    cases = []
+    for rule, probs, value in table:
+        probs = list(probs) + [0.0] * rng.randint(1, 3)
+        rng.shuffle(probs)
+        cases.append((rule, probs, value))
+    return tuple(cases)
 
 
 def _support(probs: np.ndarray) -> list[int]:
@@ -62,20 +78,22 @@ def _compare(name: str, fn: Filter, reference: Filter, probs: list[float], arg: 
         )
 
 
-def check_top_p(top_p: Filter, verbose: bool = True) -> CheckResult:
-    """Run the hidden top-p cases against ``servelab.sampling.top_p_filter``."""
+def check_top_p(top_p: Filter, verbose: bool = True, seed: int | None = None) -> CheckResult:
+    """Run the top-p cases (public, or the hidden ones of ``seed``) against ``servelab.sampling.top_p_filter``."""
+    table = TOP_P_CASES if seed is None else hidden_cases(TOP_P_CASES, seed, "top_p")
     cases = [
         Case(rule, lambda probs=probs, p=p: _compare("top_p", top_p, top_p_filter, probs, "p", p))
-        for rule, probs, p in TOP_P_CASES
+        for rule, probs, p in table
     ]
     return run_cases("top-p", cases, verbose)
 
 
-def check_min_p(min_p: Filter, verbose: bool = True) -> CheckResult:
-    """Run the hidden min-p cases against ``servelab.sampling.min_p_filter``."""
+def check_min_p(min_p: Filter, verbose: bool = True, seed: int | None = None) -> CheckResult:
+    """Run the min-p cases (public, or the hidden ones of ``seed``) against ``servelab.sampling.min_p_filter``."""
+    table = MIN_P_CASES if seed is None else hidden_cases(MIN_P_CASES, seed, "min_p")
     cases = [
         Case(rule, lambda probs=probs, a=a: _compare("min_p", min_p, min_p_filter, probs, "alpha", a))
-        for rule, probs, a in MIN_P_CASES
+        for rule, probs, a in table
     ]
     return run_cases("min-p", cases, verbose)
 

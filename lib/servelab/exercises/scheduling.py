@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from servelab.batching import Request, simulate_batching
 from servelab.exercises._reference import reference_tick
+from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
 __all__ = ["check_batching_tick", "run_ticks"]
@@ -60,6 +61,26 @@ SIMULATIONS = (
 )
 
 
+def hidden_cases(seed: int) -> tuple[tuple, tuple]:
+    """``(single ticks, simulations)`` for ``seed``: the single ticks with fresh names and 0-3 more
+    tokens owed by every request that does not finish in the tick (expected values from the reference
+    tick), and seeded random workloads under the simulations' titles."""
+    rng = hidden_rng(seed, "batching_tick")
+    singles = []
+    for rule, (running, queue, capacity), _ in SINGLE_TICKS:
+        names = renamer(rng, [*running, *(n for n, _ in queue)])
+        more = {n: rng.randint(0, 3) for n in names}
+        running = {names[n]: left + (more[n] if left > 1 else 0) for n, left in running.items()}
+        queue = [(names[n], left + (more[n] if left > 1 else 0)) for n, left in queue]
+        singles.append((rule, (running, queue, capacity), reference_tick(dict(running), list(queue), capacity)))
+    sims = []
+    for rule, requests, capacity in SIMULATIONS:
+        names, shift, extra = renamer(rng, [r.name for r in requests]), rng.randint(0, 2), rng.randint(0, 2)
+        sims.append((rule, [Request(names[r.name], r.arrival + shift, r.ticks_needed + extra) for r in requests],
+                     capacity))
+    return tuple(singles), tuple(sims)
+
+
 def _single(tick: Tick, args: tuple, expected: tuple) -> None:
     running, queue, capacity = args
     got = tick(dict(running), list(queue), capacity)
@@ -79,10 +100,11 @@ def _simulation(tick: Tick, requests: list[Request], capacity: int) -> None:
                           "(continuous batching refills freed slots)")
 
 
-def check_batching_tick(tick: Tick, verbose: bool = True) -> CheckResult:
-    """Run the hidden single-tick cases and full simulations against continuous batching."""
-    cases = [Case(rule, lambda a=args, e=exp: _single(tick, a, e)) for rule, args, exp in SINGLE_TICKS]
-    cases += [Case(rule, lambda r=reqs, c=cap: _simulation(tick, r, c), 2) for rule, reqs, cap in SIMULATIONS]
+def check_batching_tick(tick: Tick, verbose: bool = True, seed: int | None = None) -> CheckResult:
+    """Run the single-tick cases and full simulations (public, or the hidden ones of ``seed``)."""
+    singles, sims = (SINGLE_TICKS, SIMULATIONS) if seed is None else hidden_cases(seed)
+    cases = [Case(rule, lambda a=args, e=exp: _single(tick, a, e)) for rule, args, exp in singles]
+    cases += [Case(rule, lambda r=reqs, c=cap: _simulation(tick, r, c), 2) for rule, reqs, cap in sims]
     return run_cases("continuous-batching tick", cases, verbose)
 
 

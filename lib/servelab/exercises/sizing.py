@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from servelab.exercises._reference import reference_kv_bytes_per_token, reference_max_requests
+from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
 __all__ = ["check_kv_sizing"]
@@ -43,6 +44,39 @@ CAPACITY_CASES = (
 
 BYTES_NAMES = ("n_layer", "n_head", "n_kv_head", "d_head", "bytes_per_elem")
 CAPACITY_NAMES = ("pool_bytes", "bytes_per_token", "block_size", "prompt_tokens", "max_output_tokens")
+
+
+def hidden_cases(seed: int) -> tuple[tuple, tuple]:
+    """``(bytes cases, capacity cases)`` for ``seed``: new model shapes and pools, one per public rule.
+
+    Multi-head models for the first and third rules, a grouped-query model (KV heads a proper divisor of
+    the query heads) for the second; for capacity, a pool of whole blocks with a large output
+    allowance, a prompt one token past a block boundary with no output, a pool with a partial block
+    left over, and a 16 GiB pool with a grouped-query 8B-class model.
+    """
+    rng = hidden_rng(seed, "kv_sizing")
+    heads = rng.choice((4, 8, 12, 16))
+    gqa_heads = rng.choice((16, 32, 64))
+    model = (rng.choice((24, 28, 32, 40)), gqa_heads, gqa_heads // rng.choice((2, 4, 8)), rng.choice((64, 128)), 2)
+    bytes_cases = (
+        (BYTES_CASES[0][0], (rng.randint(2, 12), heads, heads, rng.choice((16, 32, 64)), 2), BYTES_CASES[0][2]),
+        (BYTES_CASES[1][0], model, BYTES_CASES[1][2]),
+        (BYTES_CASES[2][0], (rng.randint(12, 48), heads, heads, 64, rng.choice((1, 4))), BYTES_CASES[2][2]),
+    )
+    block, per_token = rng.choice((8, 16, 32)), rng.choice((512, 1024, 4096))
+    blocks, prompt = rng.randint(40, 120), rng.randint(20, 200)
+    per_8b = 2 * model[0] * model[2] * model[3] * model[4]
+    capacity_cases = (
+        (CAPACITY_CASES[0][0], (blocks * block * per_token, per_token, block, prompt, rng.randint(100, 400)),
+         CAPACITY_CASES[0][2]),
+        (CAPACITY_CASES[1][0], (blocks * block * per_token, per_token, block, rng.randint(1, 4) * block + 1, 0),
+         CAPACITY_CASES[1][2]),
+        (CAPACITY_CASES[2][0], (blocks * block * per_token + rng.randint(1, block * per_token - 1), per_token,
+                                block, block, block), CAPACITY_CASES[2][2]),
+        (CAPACITY_CASES[3][0], (16 * GIB, per_8b, 16, rng.randint(500, 2000), rng.randint(200, 1000)),
+         CAPACITY_CASES[3][2]),
+    )
+    return bytes_cases, capacity_cases
 
 
 def _call(name: str, names: tuple[str, ...], args: tuple) -> str:
@@ -75,12 +109,13 @@ def _capacity_case(fn: Callable[..., int], args: tuple) -> None:
 
 
 def check_kv_sizing(kv_bytes_per_token: Callable[..., int], max_requests: Callable[..., int],
-                    verbose: bool = True) -> CheckResult:
-    """Run the hidden sizing cases (bytes per token, then requests per pool) against ``servelab.kv``."""
+                    verbose: bool = True, seed: int | None = None) -> CheckResult:
+    """Run the sizing cases (public, or the hidden ones of ``seed``): bytes per token, then requests per pool."""
+    bytes_table, capacity_table = (BYTES_CASES, CAPACITY_CASES) if seed is None else hidden_cases(seed)
     cases = [Case(rule, lambda a=args: _bytes_case(kv_bytes_per_token, a), points)
-             for rule, args, points in BYTES_CASES]
+             for rule, args, points in bytes_table]
     cases += [Case(rule, lambda a=args: _capacity_case(max_requests, a), points)
-              for rule, args, points in CAPACITY_CASES]
+              for rule, args, points in capacity_table]
     return run_cases("KV sizing and capacity", cases, verbose)
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from servelab.exercises._reference import reference_accept, reference_residual
+from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
 __all__ = ["check_speculative", "output_distribution_of"]
@@ -53,6 +54,23 @@ SPEC_CASES = (
     ("exact on random pairs over a 6-token vocabulary (seeded)",
      [_random_pair(seed, 6) for seed in range(3)], 2),
 )
+
+
+def hidden_cases(seed: int) -> tuple:
+    """The public rules with each pair's vocabulary permuted (the same permutation for p and q) and the
+    random pairs drawn from seeds of ``seed``."""
+    rng = hidden_rng(seed, "speculative")
+    cases = []
+    for index, (rule, pairs, points) in enumerate(SPEC_CASES):
+        if index == len(SPEC_CASES) - 1:
+            pairs = [_random_pair(rng.randrange(2**31), 6) for _ in pairs]
+        permuted = []
+        for p, q in pairs:
+            order = list(range(len(p)))
+            rng.shuffle(order)
+            permuted.append(([p[i] for i in order], [q[i] for i in order]))
+        cases.append((rule, permuted, points))
+    return tuple(cases)
 
 
 def _accept_vector(accept: Accept, p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -112,10 +130,13 @@ def _case(accept: Accept, residual: Residual, pairs: list, accept_only: bool) ->
         _accept_only(accept, p, q) if accept_only else _exact(accept, residual, p, q)
 
 
-def check_speculative(accept_probability: Accept, residual: Residual, verbose: bool = True) -> CheckResult:
-    """Run the hidden accept/correct cases: the accept rule alone, then exactness by enumeration."""
+def check_speculative(accept_probability: Accept, residual: Residual, verbose: bool = True,
+                      seed: int | None = None) -> CheckResult:
+    """Run the accept/correct cases (public, or the hidden ones of ``seed``): the accept rule alone, then
+    exactness by enumeration."""
+    table = SPEC_CASES if seed is None else hidden_cases(seed)
     cases = [Case(rule, lambda pairs=pairs, first=i == 0: _case(accept_probability, residual, pairs, first), points)
-             for i, (rule, pairs, points) in enumerate(SPEC_CASES)]
+             for i, (rule, pairs, points) in enumerate(table)]
     return run_cases("speculative accept/correct", cases, verbose)
 
 

@@ -14,8 +14,10 @@ each case feeds the same chunks to both and compares what comes out after every 
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Sequence
 
+from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 from servelab.streaming import StopStringBuffer
 
@@ -30,6 +32,20 @@ STOP_CASES = (
     ("one of two stop strings matches", ["\n\n", "Q:"], ["answer\n", "Q: next"]),
     ("no stop strings: pass-through", [], ["a", "b", "c"]),
 )
+
+
+def hidden_cases(seed: int) -> tuple:
+    """The public rules with every letter renamed by one seeded bijection (``</s>`` may become ``</q>``).
+
+    A renaming keeps every overlap between the text and the stop strings, so each rule still holds.
+    """
+    rng = hidden_rng(seed, "stop_buffer")
+    lower, upper = list(string.ascii_lowercase), list(string.ascii_uppercase)
+    rng.shuffle(lower)
+    rng.shuffle(upper)
+    table = str.maketrans(string.ascii_lowercase + string.ascii_uppercase, "".join(lower + upper))
+    return tuple((rule, [s.translate(table) for s in stops], [c.translate(table) for c in chunks])
+                 for rule, stops, chunks in STOP_CASES)
 
 
 def _run_case(buffer_cls: Callable[[list[str]], object], stops: list[str], chunks: Sequence[str]) -> None:
@@ -65,11 +81,13 @@ def _explain(stops: list[str], sent: str, chunk: str, expected: str, got: object
     return where
 
 
-def check_stop_buffer(buffer_cls: Callable[[list[str]], object], verbose: bool = True) -> CheckResult:
-    """Run the hidden streaming cases against ``servelab.streaming.StopStringBuffer``."""
+def check_stop_buffer(buffer_cls: Callable[[list[str]], object], verbose: bool = True,
+                      seed: int | None = None) -> CheckResult:
+    """Run the streaming cases (public, or the hidden ones of ``seed``) against ``StopStringBuffer``."""
+    table = STOP_CASES if seed is None else hidden_cases(seed)
     cases = [
         Case(rule, lambda stops=stops, chunks=chunks: _run_case(buffer_cls, stops, chunks))
-        for rule, stops, chunks in STOP_CASES
+        for rule, stops, chunks in table
     ]
     return run_cases("stop-string buffer", cases, verbose)
 

@@ -31,6 +31,7 @@ import operator
 import random
 from collections.abc import Callable
 
+from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 from servelab.kv import blocks_for
 
@@ -266,11 +267,26 @@ def _simulation(schedule: Schedule, spec: tuple) -> None:
                           f"max_num_seqs {max_seqs}") from None
 
 
-def check_scheduler_tick(schedule: Schedule, verbose: bool = True) -> CheckResult:
-    """Run the hand-written ticks, then the seeded simulations with the rule checked at every tick."""
-    cases = [Case(rule, lambda a=args, e=exp: _single(schedule, a, e)) for rule, args, exp in SINGLE_TICKS]
+def hidden_cases(seed: int) -> tuple[tuple, tuple]:
+    """``(ticks, simulations)`` for ``seed``: the hand-written ticks with fresh request ids (their plans
+    renamed alike), and the simulations on workloads drawn from new seeds."""
+    rng = hidden_rng(seed, "scheduler_tick")
+    ticks = []
+    for rule, (running, waiting, *rest), expected in SINGLE_TICKS:
+        names = renamer(rng, [s[0] for s in [*running, *waiting]])
+        renamed = ([(names[s[0]], *s[1:]) for s in seqs] for seqs in (running, waiting))
+        ticks.append((rule, (*renamed, *rest), [(names[r], n) for r, n in expected]))
+    sims = tuple((rule, rng.randrange(2**31), *spec) for rule, _, *spec in SIMULATIONS)
+    return tuple(ticks), sims
+
+
+def check_scheduler_tick(schedule: Schedule, verbose: bool = True, seed: int | None = None) -> CheckResult:
+    """Run the hand-written ticks, then the seeded simulations with the rule checked at every tick (public
+    cases, or the hidden ones of ``seed``)."""
+    ticks, sims = (SINGLE_TICKS, SIMULATIONS) if seed is None else hidden_cases(seed)
+    cases = [Case(rule, lambda a=args, e=exp: _single(schedule, a, e)) for rule, args, exp in ticks]
     cases += [Case(rule, lambda s=spec: _simulation(schedule, s), points)
-              for rule, *spec, points in SIMULATIONS]
+              for rule, *spec, points in sims]
     return run_cases("scheduler tick", cases, verbose)
 
 
