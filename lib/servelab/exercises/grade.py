@@ -135,9 +135,9 @@ def grade_notebook(path: str | Path, student: str, seed: int, limits: Limits = L
         rows: list[CaseGrade] = []
         for check, check_names in exercise.checks:
             missing = [n for n in check_names if kinds.get(n) not in ("class", "function")]
-            if missing:
-                note = "; ".join([f"not defined: {', '.join(missing)}",
-                                  *([f"refused import: {', '.join(refused)}"] if refused else []),
+            if missing or refused:
+                note = "; ".join([*([f"refused import: {', '.join(refused)}"] if refused else []),
+                                  *([f"not defined: {', '.join(missing)}"] if missing else []),
                                   *([crash] if crash else [])])
                 rows += _zero_rows(exercise, ((check, check_names),), note, seed)
             else:

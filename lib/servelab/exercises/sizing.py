@@ -57,11 +57,12 @@ def hidden_cases(seed: int) -> tuple[tuple, tuple]:
     rng = hidden_rng(seed, "kv_sizing")
     heads = rng.choice((4, 8, 12, 16))
     gqa_heads = rng.choice((16, 32, 64))
-    model = (rng.choice((24, 28, 32, 40)), gqa_heads, gqa_heads // rng.choice((2, 4, 8)), rng.choice((64, 128)), 2)
+    model = (rng.choice((28, 40, 48)), gqa_heads, gqa_heads // rng.choice((2, 4, 8)), rng.choice((64, 128)), 2)
     bytes_cases = (
         (BYTES_CASES[0][0], (rng.randint(2, 12), heads, heads, rng.choice((16, 32, 64)), 2), BYTES_CASES[0][2]),
         (BYTES_CASES[1][0], model, BYTES_CASES[1][2]),
-        (BYTES_CASES[2][0], (rng.randint(12, 48), heads, heads, 64, rng.choice((1, 4))), BYTES_CASES[2][2]),
+        (BYTES_CASES[2][0], (rng.randint(12, 48), heads, heads, rng.choice((32, 128)), rng.choice((1, 4))),
+         BYTES_CASES[2][2]),
     )
     block, per_token = rng.choice((8, 16, 32)), rng.choice((512, 1024, 4096))
     blocks, prompt = rng.randint(40, 120), rng.randint(20, 200)
