@@ -298,7 +298,9 @@ def test_export_round_trip_and_student_files_hold_no_answer(tmp_path, selection)
         for record, q in zip(key, questions):
             assert q.answer.framework in record.answer and q.answer.mistakes[-1] in record.answer
             assert q.code in record.answer
+            assert all(idea in record.answer for _, idea in q.rubric.ideas)
     _no_answer_text((tmp_path / "assignment.md").read_text(), questions)
+    assert not any(idea[:40] in (tmp_path / "assignment.md").read_text() for q in questions for _, idea in q.rubric.ideas)
     nb = nbformat.read(str(tmp_path / "assignment.ipynb"), as_version=4)
     nbformat.validate(nb)
     _no_answer_text("\n".join(c.source for c in nb.cells), questions)
@@ -342,3 +344,18 @@ def test_interview_notebook_renders_every_question():
     myst_cells = [c for c in nb.cells if "tier_view(bank" in c.source or "design_exercise_view(" in c.source]
     assert myst_cells and all(c.metadata["mystnb"]["markdown_format"] == "myst" for c in myst_cells)
     assert "design_exercises[0]" in code
+
+
+def test_every_question_has_a_rubric_with_points_per_idea():
+    for q in BANK.questions:
+        assert len(q.rubric.ideas) >= 2 and q.rubric.max_points >= 3, q.id
+        assert q.rubric.mistake_points >= 1 and len(q.answer.mistakes) >= 1, q.id
+
+
+def test_cli_key_out_puts_the_answer_key_in_its_own_folder(tmp_path):
+    assert cli(["export", "--questions", "Q6", "--format", "markdown", "--out", str(tmp_path / "week1"),
+                "--key-out", str(tmp_path / "week1-key")]) == 0
+    assert sorted(p.name for p in (tmp_path / "week1").iterdir()) == ["assignment.md"]
+    key = (tmp_path / "week1-key" / "answer-key.md").read_text()
+    assert "**Rubric (5 points).**" in key and "Take off 1 point for each common mistake" in key
+    assert cli(["export", "--questions", "Q6", "--out", str(tmp_path / "x"), "--key-out", str(tmp_path / "x")]) == 2

@@ -6,7 +6,10 @@ Examples::
     python -m servelab.questions export --questions Q1,Q9 --format notebook --out quiz
     python -m servelab.questions export --tiers L1 --set pipeline --format markdown --out drill
 
-Writes ``assignment.*`` (student version, no answers) and ``answer-key.*`` into ``--out``.
+    python -m servelab.questions export --tiers L1 --out week1 --key-out week1-key
+
+Writes ``assignment.*`` (student version, no answers) into ``--out`` and ``answer-key.*`` into
+``--key-out`` (default ``--out``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     pick.add_argument("--questions", type=_csv, help="comma-separated question ids, e.g. Q1,Q9,P3")
     export.add_argument("--set", default="core", help="question set for --tiers: core, pipeline or all (default core)")
     export.add_argument("--format", type=_csv, default=list(FORMATS), help="notebook and/or markdown (default both)")
-    export.add_argument("--out", required=True, help="output folder (created if missing)")
+    export.add_argument("--out", required=True, help="folder of the student version (created if missing)")
+    export.add_argument("--key-out", help="folder of the answer key (default --out; a folder of its own keeps "
+                                          "the key out of what you hand out)")
     export.add_argument("--title", default="servelab interview questions", help="assignment title")
     return parser
 
@@ -50,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             questions = bank.select(tiers=args.tiers, set_id=None if args.set == "all" else args.set)
         if not questions:
             raise ValueError(f"no question matches --tiers {args.tiers} in --set {args.set}")
-        paths = export_assignment(questions, args.out, formats=args.format, title=args.title)
+        paths = export_assignment(questions, args.out, formats=args.format, title=args.title,
+                                  key_dir=args.key_out)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

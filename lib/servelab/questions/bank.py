@@ -25,6 +25,7 @@ __all__ = [
     "BankError",
     "DesignExercise",
     "Question",
+    "Rubric",
     "Tier",
     "load_bank",
     "load_raw",
@@ -79,6 +80,19 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class Rubric:
+    """How to mark a free-text answer: points per key idea present, minus ``mistake_points`` for each of
+    the answer's common mistakes the text makes (never below 0)."""
+
+    ideas: tuple[tuple[int, str], ...]
+    mistake_points: int
+
+    @property
+    def max_points(self) -> int:
+        return sum(points for points, _ in self.ideas)
+
+
+@dataclass(frozen=True)
 class Question:
     """One interview question with its answer and its two links.
 
@@ -94,6 +108,7 @@ class Question:
     answer: Answer
     chapter: str
     code: str
+    rubric: Rubric
 
     @property
     def chapter_slug(self) -> str:
@@ -256,6 +271,8 @@ def _question(raw: dict[str, Any]) -> Question:
         answer=Answer(answer["framework"].strip(), answer["key"].strip(), tuple(m.strip() for m in answer["mistakes"])),
         chapter=raw["links"]["chapter"],
         code=raw["links"]["code"],
+        rubric=Rubric(tuple((i["points"], i["idea"].strip()) for i in raw["rubric"]["ideas"]),
+                      raw["rubric"]["mistake_points"]),
     )
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "export_assignment",
     "read_markdown",
     "read_notebook",
+    "rubric_markdown",
 ]
 
 FORMATS = ("markdown", "notebook")
@@ -63,8 +64,17 @@ def _reference_line(q: Question) -> str:
     return f"Read: {where} · run: `{q.code}`"
 
 
+def rubric_markdown(q: Question) -> str:
+    """The marking rubric: points per key idea, and the points each common mistake loses."""
+    ideas = "\n".join(f"- **{points} pt{'s' if points > 1 else ''}**: {idea}" for points, idea in q.rubric.ideas)
+    lose = q.rubric.mistake_points
+    return (f"**Rubric ({q.rubric.max_points} points).** Award each key idea the answer states:\n\n{ideas}\n\n"
+            f"Take off {lose} point{'s' if lose > 1 else ''} for each common mistake above that the answer makes "
+            "(never below 0).")
+
+
 def _key_answer(q: Question) -> str:
-    return f"{answer_markdown(q.answer)}\n\n{_reference_line(q)}"
+    return f"{answer_markdown(q.answer)}\n\n{rubric_markdown(q)}\n\n{_reference_line(q)}"
 
 
 # -------------------------------------------------------------------------------- markdown
@@ -151,11 +161,13 @@ def export_assignment(
     out_dir: str | Path,
     formats: tuple[str, ...] | list[str] = FORMATS,
     title: str = "servelab interview questions",
+    key_dir: str | Path | None = None,
 ) -> list[Path]:
     """Write the student version and the answer key in every format of ``formats``; returns the paths.
 
-    ``formats`` holds ``"markdown"`` and/or ``"notebook"``. ``out_dir`` is created if missing;
-    existing files of the same names are overwritten.
+    ``formats`` holds ``"markdown"`` and/or ``"notebook"``. The student version goes to ``out_dir``,
+    the answer key to ``key_dir`` (default: ``out_dir`` too; give a folder of its own so the folder you
+    hand out holds no key). Folders are created if missing; files of the same names are overwritten.
     """
     if not questions or not all(isinstance(q, Question) for q in questions):
         raise ValueError("questions must be a non-empty list of Question")
@@ -163,10 +175,13 @@ def export_assignment(
     bad = [f for f in chosen if f not in FORMATS]
     if bad or not chosen:
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {list(formats)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out, key_out = Path(out_dir), Path(key_dir if key_dir is not None else out_dir)
+    if key_dir is not None and out.resolve() == key_out.resolve():
+        raise ValueError(f"key_dir must differ from out_dir to keep the key apart, got {str(key_out)!r} twice")
     written = []
     for stem, with_answers in ((STUDENT_STEM, False), (KEY_STEM, True)):
+        out = key_out if with_answers else Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
         if "markdown" in chosen:
             path = out / f"{stem}.md"
             path.write_text(_markdown(questions, title, with_answers), encoding="utf-8")
