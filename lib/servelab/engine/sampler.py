@@ -10,6 +10,11 @@ request's ``torch.Generator``, so a seeded request's tokens do not depend on whi
 the batch. Greedy rows draw nothing: their token never depends on a uniform. The probability maths runs
 in float64 so that support sets match the numpy reference.
 
+Log-probabilities (:func:`token_logprobs`) are the raw model's ``log_softmax`` of the same logits rows,
+before any processor (vLLM's default ``raw_logprobs``), in float64: the engine reads them from the step
+that sampled the token (and, for prompt tokens, from the prefill that computed them), never from a
+second forward pass.
+
 System boundary: logits ``[rows, vocab]`` in (any device), one token id per row out. Which rows exist and
 what they have generated so far is the engine's business.
 """
@@ -22,6 +27,15 @@ from dataclasses import dataclass
 import torch
 
 from servelab.sampling import MASS_TOLERANCE, SamplingParams
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's raw log-probability (natural log) and the ``k`` most likely tokens at its position."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
 
 
 @dataclass
@@ -210,3 +224,23 @@ def _typical(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
 
 
 _FILTERS = {"top_k": _top_k, "top_p": _top_p, "min_p": _min_p, "typical": _typical}
+
+
+# ----------------------------------------------------------------------------------------------- logprobs
+
+
+def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top_k: Sequence[int]) -> list[TokenLogprob]:
+    """Per row of ``logits`` (``[rows, vocab]``): the raw log-softmax of ``targets[i]`` and the
+    ``top_k[i]`` most likely tokens (ties: torch.topk's order)."""
+    if logits.dim() != 2 or not logits.shape[0] == len(targets) == len(top_k):
+        raise ValueError(f"logits must be [len(targets), vocab], got shape {tuple(logits.shape)}")
+    if not len(targets):
+        return []
+    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    index = torch.tensor(list(targets), dtype=torch.long, device=logp.device)[:, None]
+    chosen = logp.gather(1, index)[:, 0].tolist()
+    k = max(top_k)
+    values, ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
+    values, ids = values.tolist(), ids.tolist()
+    return [TokenLogprob(int(t), lp, tuple(zip(ids[i][:top_k[i]], values[i][:top_k[i]])))
+            for i, (t, lp) in enumerate(zip(targets, chosen))]

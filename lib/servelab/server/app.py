@@ -5,9 +5,11 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/mo
 OpenAI API that vLLM and SGLang also serve: ``prompt`` (a string, strings, token ids or lists of them) or
 ``messages``, ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``top_k``,
 ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logit_bias``, ``stop``,
-``seed``, ``n``, ``ignore_eos``, ``stream`` and ``stream_options.include_usage``, plus one servelab
+``seed``, ``n``, ``ignore_eos``, ``stream`` and ``stream_options.include_usage``, ``logprobs`` (completions:
+0-5 alternatives; chat: ``logprobs: true`` + ``top_logprobs`` 0-20) and ``echo`` (completions; with
+``max_tokens: 0`` it scores the prompt; see :mod:`~servelab.server.logprobs`), plus one servelab
 extension, ``deadline_s`` (seconds; the request ends as timed out when it passes). A field the server
-cannot honour (``logprobs``, ``tools``, ...) is refused with a 400, never silently ignored.
+cannot honour (``tools``, ``suffix``, ...) is refused with a 400, never silently ignored.
 
 A request's path, in order:
 
@@ -55,6 +57,7 @@ from servelab.engine import LLMEngine
 from servelab.sampling import SamplingParams
 from servelab.server.bridge import EngineBridge, EngineFailure, Overloaded, RequestStream
 from servelab.server.gate import IngressGate, Rejection, TenantLimits
+from servelab.server.logprobs import LogprobFormatter
 from servelab.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from servelab.server.protocol import ParsedRequest, bad, parse_json, parse_request, render_chat
 from servelab.server.responses import Exchange, error_response, rejection_for, sse
@@ -137,8 +140,8 @@ async def _answer_stream(request: web.Request, exchange: Exchange) -> web.Stream
             if prompt.problem is not None:
                 await response.write(_error_event(prompt.problem))
                 break
-            for choice, text, finish in moved:
-                await response.write(exchange.chunk([exchange.stream_choice(choice.index, text, finish)]))
+            for move in moved:
+                await response.write(exchange.chunk([exchange.stream_choice(move)]))
             try:
                 prompt, moved = await anext(events)
             except StopAsyncIteration:
@@ -166,6 +169,7 @@ class _State:
     metrics: ServerMetrics
     vocab_size: int | None
     kv_capacity_tokens: int  # tokens the whole KV pool holds: no sequence can be longer
+    formatter: LogprobFormatter
 
 
 STATE = web.AppKey("servelab", _State)
@@ -223,9 +227,12 @@ def _admit(state: _State, body: object, chat: bool, tenant: str) -> tuple[Exchan
     parsed = parse_request(body, chat, state.config, state.vocab_size, state.engine.chat_template)
     prompt_ids = [_encode(state, p) for p in parsed.prompts]
     params = _fit_context(state, parsed, prompt_ids, chat)
+    echo_texts = ([p if isinstance(p, str) else state.engine.tokenizer.decode(list(p)) for p in parsed.prompts]
+                  if parsed.echo else None)
     streams = _submit(state, prompt_ids, params, parsed.deadline_s, tenant)
-    return Exchange(streams, [len(ids) for ids in prompt_ids], params.n, chat, state.config.model_name,
-                    parsed.stream and parsed.include_usage), parsed.stream
+    return Exchange(streams, prompt_ids, params.n, chat, state.config.model_name,
+                    parsed.stream and parsed.include_usage, state.formatter, parsed.logprobs, echo_texts,
+                    parsed.score_only), parsed.stream
 
 
 async def _completions(request: web.Request, chat: bool) -> web.StreamResponse:
@@ -339,7 +346,7 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.App
                           config.backpressure_timeout_s, metrics)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[openai_errors])
     app[STATE] = _State(engine, config, gate, bridge, metrics, _vocab_size(engine),
-                        engine.allocator.num_blocks * engine.config.block_size)
+                        engine.allocator.num_blocks * engine.config.block_size, LogprobFormatter(engine.tokenizer))
 
     async def start_engine(app: web.Application) -> None:
         bridge.start(asyncio.get_running_loop())

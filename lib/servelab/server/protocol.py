@@ -9,7 +9,8 @@ not JSON, and every string the server uses must be encodable Unicode (an unpaire
 Accepted ``prompt`` shapes (as OpenAI and vLLM): a string, a list of strings, a list of token ids, or a
 list of lists of token ids; each prompt is one engine request, and with ``n`` samples each, choice
 ``index = prompt_i * n + j``. Chat ``content`` is a string or a list of ``{"type": "text", "text": ...}``
-parts. ``logit_bias`` maps token ids (JSON object keys, so strings) to a bias in [-100, 100] added to
+parts. Logprobs (``logprobs``/``top_logprobs``/``echo``) are the raw model's (see
+:class:`~servelab.sampling.SamplingParams`). ``logit_bias`` maps token ids (JSON object keys, so strings) to a bias in [-100, 100] added to
 the logits before sampling. A ``temperature`` below 1e-5 samples greedily (vLLM's rule; dividing the
 logits by a subnormal temperature would overflow them).
 
@@ -38,8 +39,10 @@ MAX_STOP_STRINGS = 4
 MAX_PROMPTS = 32
 GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (vLLM's rule): 1/T would overflow the logits
 CHAT_ROLES = ("system", "developer", "user", "assistant")
-UNSUPPORTED = ("logprobs", "echo", "suffix", "tools", "tool_choice", "functions", "response_format", "best_of",
-               "top_logprobs")
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy completions ``logprobs``
+MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's limit for chat ``top_logprobs``
+UNSUPPORTED = ("suffix", "functions", "response_format", "best_of")
+NO_TOOLS = ("tools", "tool_choice", "function_call")
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     deadline_s: float
+    logprobs: int | None = None  # alternatives per token when logprobs were asked for, else None
+    echo: bool = False  # completions: the prompt (and its logprobs) goes before the generated text
+    score_only: bool = False  # echo with max_tokens 0: the prompt is scored, the sampled token not returned
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> Rejection:
@@ -255,6 +261,10 @@ def parse_logit_bias(value: object, vocab_size: int | None) -> dict[int, float]:
 
 
 def _unsupported(body: dict) -> None:
+    for name in NO_TOOLS:
+        if body.get(name) not in (None, "none", []):
+            raise bad(f"{name} is not supported by this server: the course model was not trained to call tools, "
+                      "so a tool call it produced would be noise", name)
     for name in UNSUPPORTED:
         value = body.get(name)
         if value is None or value is False or (type(value) is int and value == 0):
@@ -276,10 +286,29 @@ def _temperature(body: dict) -> float:
     return 0.0 if temperature < GREEDY_BELOW else temperature
 
 
+def _logprobs(body: dict, chat: bool) -> tuple[int | None, bool]:
+    """``(alternatives per token or None, echo)``: completions' ``logprobs: k`` (0..5) and ``echo``;
+    chat's ``logprobs: true`` with ``top_logprobs: k`` (0..20)."""
+    if not chat:
+        return _integer(body, "logprobs", None, 0, MAX_COMPLETION_LOGPROBS), _flag(body, "echo", False)
+    if body.get("echo") not in (None, False):
+        raise bad("echo is a completions field; chat completions do not echo the prompt", "echo")
+    top = _integer(body, "top_logprobs", None, 0, MAX_CHAT_TOP_LOGPROBS)
+    if not _flag(body, "logprobs", False):
+        if top is not None:
+            raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+        return None, False
+    return (top or 0), False
+
+
 def _sampling_params(body: dict, chat: bool, config: ServerConfig, vocab_size: int | None,
-                     course_chat: bool) -> SamplingParams:
-    """The body's sampling fields as :class:`SamplingParams`, range-checked with OpenAI's limits."""
+                     course_chat: bool, logprobs: int | None, echo: bool) -> SamplingParams:
+    """The body's sampling fields as :class:`SamplingParams`, range-checked with OpenAI's limits.
+
+    ``max_tokens: 0`` is allowed with ``echo`` (score the prompt): the engine still samples one token,
+    from the logits the prompt's prefill computes anyway, and the answer leaves it out."""
     tokens_field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(body, tokens_field, config.default_max_tokens, 0 if echo else 1, 1 << 20)
     try:
         return SamplingParams(
             temperature=_temperature(body), top_k=_top_k(body),
@@ -288,9 +317,10 @@ def _sampling_params(body: dict, chat: bool, config: ServerConfig, vocab_size: i
             frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
             repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.01, 10.0),
             logit_bias=parse_logit_bias(body.get("logit_bias"), vocab_size),
-            max_tokens=_integer(body, tokens_field, config.default_max_tokens, 1, 1 << 20),
+            max_tokens=max(1, max_tokens),
             stop=_stop_strings(body, course_chat), ignore_eos=_flag(body, "ignore_eos", False),
-            seed=_integer(body, "seed", None, 0, (1 << 63) - 1), n=_integer(body, "n", 1, 1, config.max_n))
+            seed=_integer(body, "seed", None, 0, (1 << 63) - 1), n=_integer(body, "n", 1, 1, config.max_n),
+            logprobs=logprobs, prompt_logprobs=logprobs if echo else None)
     except (ValueError, TypeError) as exc:  # SamplingParams' own checks name the field first
         raise bad(str(exc), str(exc).split(" ")[0]) from exc
 
@@ -335,6 +365,9 @@ def parse_request(body: object, chat: bool, config: ServerConfig, vocab_size: in
     given = body.get("max_completion_tokens" if chat and body.get("max_completion_tokens") is not None
                      else "max_tokens") is not None
     course_chat = chat and chat_template is None
-    return ParsedRequest(prompts, _sampling_params(body, chat, config, vocab_size, course_chat), given,
-                         _flag(body, "stream", False), _flag(stream_options, "include_usage", False),
-                         _number(body, "deadline_s", config.request_timeout_s, 1e-3, config.request_timeout_s))
+    logprobs, echo = _logprobs(body, chat)
+    params = _sampling_params(body, chat, config, vocab_size, course_chat, logprobs, echo)
+    return ParsedRequest(prompts, params, given, _flag(body, "stream", False),
+                         _flag(stream_options, "include_usage", False),
+                         _number(body, "deadline_s", config.request_timeout_s, 1e-3, config.request_timeout_s),
+                         logprobs, echo, echo and body.get("max_tokens") == 0)
