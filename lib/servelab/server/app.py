@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server on :class:`servelab.engine.LLMEngine` (aiohttp).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (Prometheus text format). The subset of the
+``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics`` (Prometheus text format), and vLLM's
+``POST /tokenize``, ``POST /detokenize`` and ``GET /version`` (:mod:`~servelab.server.utility`). The subset of the
 OpenAI API that vLLM and SGLang also serve: ``prompt`` (a string, strings, token ids or lists of them) or
 ``messages``, ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``top_k``,
 ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logit_bias``, ``stop``,
@@ -61,6 +62,7 @@ from servelab.server.logprobs import LogprobFormatter
 from servelab.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from servelab.server.protocol import ParsedRequest, bad, parse_json, parse_request, render_chat
 from servelab.server.responses import Exchange, error_response, rejection_for, sse
+from servelab.server.utility import add_utility_routes
 
 __all__ = ["ServerConfig", "create_app", "render_chat", "BackgroundServer", "DEFAULT_MODEL_NAME"]
 
@@ -362,6 +364,7 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.App
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    add_utility_routes(app, STATE)
     return app
 
 
