@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -502,6 +502,9 @@ class SamplingParams:
     most likely alternatives (0: the token's own only); ``prompt_logprobs`` the same for every prompt
     token after the first. Both are the raw model's ``log_softmax`` of the logits, before any of the
     processors above (vLLM's default ``logprobs_mode="raw_logprobs"``); None: not computed.
+    ``grammar`` (engine only): a compiled xgrammar grammar (:class:`servelab.grammar.GrammarCompiler`);
+    the engine masks every sample's next token to what the grammar allows, after the other processors
+    and before temperature, so greedy decoding stays greedy over the allowed tokens.
     """
 
     temperature: float = 1.0
@@ -524,6 +527,7 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    grammar: object | None = field(default=None, hash=False)  # unhashable; equality compares it
 
     def __post_init__(self) -> None:
         self._set("temperature", require_interval("temperature", self.temperature, 0.0, math.inf,

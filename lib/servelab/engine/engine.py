@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from servelab import grammar
 from servelab.chat_template import ChatTemplate
 from servelab.engine.config import EngineConfig
 from servelab.engine.control import EngineStats, RequestControls
@@ -202,8 +203,12 @@ class LLMEngine(RequestControls):
         """Phase 4: one token per picked sample, drawn from its logits row (forked samples share one)."""
         if len(picks) != logits.shape[0]:
             logits = logits[torch.tensor([row for _, row in picks], device=logits.device)]
+        masks = self._grammar_masks([s for s, _ in picks], logits.shape[-1])
         tokens = sample_tokens(logits, [SamplingRow(s.seq.params, s.seq.prompt_ids, s.seq.output_ids,
-                                                    s.seq.generator) for s, _ in picks])
+                                                    s.seq.generator, masks.get(i)) for i, (s, _) in enumerate(picks)])
+        for i, (stream, _) in enumerate(picks):
+            if i in masks and tokens[i] is not None:
+                grammar.accept(stream.matcher, tokens[i])
         wanted = [i for i, (s, _) in enumerate(picks) if s.seq.params.logprobs is not None and tokens[i] is not None]
         if wanted:  # the raw distribution of the same rows, for the tokens just drawn
             found = token_logprobs(logits[torch.tensor(wanted, device=logits.device)], [tokens[i] for i in wanted],
@@ -211,6 +216,17 @@ class LLMEngine(RequestControls):
             for i, logprob in zip(wanted, found):
                 picks[i][0].logprobs.append(logprob)
         return tokens
+
+    def _grammar_masks(self, streams: list[SampleStream], vocab_size: int) -> dict[int, torch.Tensor]:
+        """Row -> the ids its grammar allows next, for the rows whose request has ``params.grammar``."""
+        rows = [i for i, s in enumerate(streams) if s.seq.params.grammar is not None]
+        if not rows:
+            return {}
+        for i in rows:
+            if streams[i].matcher is None:
+                streams[i].matcher = grammar.new_matcher(streams[i].seq.params.grammar)
+        masks = grammar.allowed_masks([streams[i].matcher for i in rows], vocab_size)
+        return dict(zip(rows, masks))
 
     def _score_prompts(self, rows: list[tuple[str, int]], logits: torch.Tensor) -> None:
         """Store the prompt logprobs of this step's score rows (``(seq_id, position)`` each, scoring prompt

@@ -108,6 +108,7 @@ class SampleStream:
     logprobs_sent: int = 0
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt token i + 1 at index i
     prompt_logprobs_sent: bool = False
+    matcher: object | None = None  # the sample's xgrammar matcher (params.grammar), made at its first step
 
 
 def accept_token(stream: SampleStream, token: int | None, now: float, eos: int | None,

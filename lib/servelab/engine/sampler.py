@@ -2,7 +2,8 @@
 
 Stages, in the order of :func:`servelab.sampling.next_token_distribution`: hard constraints (allowed ids,
 banned sequences, no-repeat n-grams) and logit bias -> penalties (frequency/presence on generated tokens,
-repetition on prompt + output) -> temperature (``T = 0`` is a separate greedy branch) -> truncation filters
+repetition on prompt + output) -> the row's grammar mask (structured outputs, :mod:`servelab.grammar`;
+the reference pipeline has no such stage) -> temperature (``T = 0`` is a separate greedy branch) -> truncation filters
 in each row's ``filter_order`` -> renormalise -> inverse-CDF draw.
 
 Reproducibility: each sampling row (temperature > 0) draws exactly one uniform per step from its own
@@ -46,6 +47,7 @@ class SamplingRow:
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
     generator: torch.Generator  # CPU generator owned by the request
+    grammar_mask: torch.Tensor | None = None  # bool [vocab]: the ids the request's grammar allows next
 
 
 def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int | None]:
@@ -54,7 +56,7 @@ def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int
     Returns a Python int per row, or None for a row whose hard constraints mask every token (that
     request cannot continue; the reference pipeline raises ValueError for it).
     """
-    if all(_plain_greedy(r.params) for r in rows):  # fast path: nothing to mask, penalise or sample
+    if all(_plain_greedy(r.params) and r.grammar_mask is None for r in rows):  # nothing to mask, penalise or sample
         return logits.argmax(dim=-1).tolist()
     draws = [float(torch.rand((), generator=r.generator, dtype=torch.float64)) if r.params.temperature > 0
              else 0.0 for r in rows]  # one uniform per sampling row; a greedy row's is never read
@@ -78,6 +80,7 @@ def next_token_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple
     z = logits.to(torch.float64, copy=True)
     dead = _apply_hard_constraints(z, rows)
     z = _apply_penalties(z, rows)
+    dead |= _apply_grammar_masks(z, rows)
     temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float64, device=z.device)
     greedy = temps == 0
     probs = torch.softmax(z / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
@@ -156,6 +159,19 @@ def _apply_penalties(z: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tens
                 z[i, seen] = torch.where(picked > 0, picked / p.repetition_penalty,
                                          picked * p.repetition_penalty)
     return z
+
+
+def _apply_grammar_masks(z: torch.Tensor, rows: Sequence[SamplingRow]) -> set[int]:
+    """Stage 3 (before temperature): ids a row's grammar forbids get ``-inf``; rows left with nothing
+    are reset to 0 and returned."""
+    dead = set()
+    for i, row in enumerate(rows):
+        if row.grammar_mask is not None:
+            z[i, ~row.grammar_mask.to(z.device)] = -torch.inf
+            if not torch.isfinite(z[i]).any():
+                dead.add(i)
+                z[i] = 0.0
+    return dead
 
 
 # ----------------------------------------------------------------------------------------------- stage 4

@@ -8,7 +8,9 @@ OpenAI API that vLLM and SGLang also serve: ``prompt`` (a string, strings, token
 ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logit_bias``, ``stop``,
 ``seed``, ``n``, ``ignore_eos``, ``stream`` and ``stream_options.include_usage``, ``logprobs`` (completions:
 0-5 alternatives; chat: ``logprobs: true`` + ``top_logprobs`` 0-20) and ``echo`` (completions; with
-``max_tokens: 0`` it scores the prompt; see :mod:`~servelab.server.logprobs`), plus one servelab
+``max_tokens: 0`` it scores the prompt; see :mod:`~servelab.server.logprobs`), structured outputs
+(``response_format`` ``json_object`` / ``json_schema``, vLLM's ``guided_json`` / ``guided_choice`` /
+``guided_regex``; :mod:`servelab.grammar`; a grammar that does not compile is a 400 naming its field), plus one servelab
 extension, ``deadline_s`` (seconds; the request ends as timed out when it passes). A field the server
 cannot honour (``tools``, ``suffix``, ...) is refused with a 400, never silently ignored.
 
@@ -48,6 +50,7 @@ import dataclasses
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +58,7 @@ from typing import Any
 from aiohttp import web
 
 from servelab.engine import LLMEngine
+from servelab.grammar import SharedCompiler
 from servelab.sampling import SamplingParams
 from servelab.server.bridge import EngineBridge, EngineFailure, Overloaded, RequestStream
 from servelab.server.gate import IngressGate, Rejection, TenantLimits
@@ -172,6 +176,7 @@ class _State:
     vocab_size: int | None
     kv_capacity_tokens: int  # tokens the whole KV pool holds: no sequence can be longer
     formatter: LogprobFormatter
+    grammars: SharedCompiler
 
 
 STATE = web.AppKey("servelab", _State)
@@ -221,14 +226,30 @@ def _submit(state: _State, prompt_ids: list[list[int]], params: SamplingParams, 
     return streams
 
 
-def _admit(state: _State, body: object, chat: bool, tenant: str) -> tuple[Exchange, bool]:
-    """Phase 2: validate, tokenize, fit the context and queue; returns the exchange and whether to stream.
+async def _compile_grammar(state: _State, parsed: ParsedRequest) -> object | None:
+    """The request's structured-output grammar, compiled off the event loop (None without one); its
+    compile time goes to its own histogram, not into TTFT (the engine has not seen the request yet)."""
+    if parsed.grammar is None:
+        return None
+    start = time.perf_counter()
+    try:
+        compiled = await asyncio.get_running_loop().run_in_executor(None, state.grammars.compile, parsed.grammar)
+    except ValueError as exc:
+        raise bad(f"{parsed.grammar_param} cannot be compiled into a grammar: {exc}", parsed.grammar_param) from exc
+    state.metrics.grammar_compile.observe(time.perf_counter() - start)
+    return compiled
+
+
+def _admit(state: _State, parsed: ParsedRequest, chat: bool, tenant: str, grammar: object | None
+           ) -> tuple[Exchange, bool]:
+    """Phase 2: tokenize, fit the context and queue; returns the exchange and whether to stream.
 
     Raises :class:`Rejection`, ``Overloaded`` or ``EngineFailure``.
     """
-    parsed = parse_request(body, chat, state.config, state.vocab_size, state.engine.chat_template)
     prompt_ids = [_encode(state, p) for p in parsed.prompts]
     params = _fit_context(state, parsed, prompt_ids, chat)
+    if grammar is not None:
+        params = dataclasses.replace(params, grammar=grammar)
     echo_texts = ([p if isinstance(p, str) else state.engine.tokenizer.decode(list(p)) for p in parsed.prompts]
                   if parsed.echo else None)
     streams = _submit(state, prompt_ids, params, parsed.deadline_s, tenant)
@@ -241,7 +262,9 @@ async def _completions(request: web.Request, chat: bool) -> web.StreamResponse:
     state = request.app[STATE]
     try:
         tenant = state.gate.admit(request.headers.get("Authorization"), request.content_length)
-        exchange, stream = _admit(state, await _read_body(request, state.gate), chat, tenant)
+        parsed = parse_request(await _read_body(request, state.gate), chat, state.config, state.vocab_size,
+                               state.engine.chat_template)
+        exchange, stream = _admit(state, parsed, chat, tenant, await _compile_grammar(state, parsed))
     except Rejection as rejection:
         return error_response(rejection)
     except Overloaded as exc:
@@ -348,7 +371,9 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.App
                           config.backpressure_timeout_s, metrics)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[openai_errors])
     app[STATE] = _State(engine, config, gate, bridge, metrics, _vocab_size(engine),
-                        engine.allocator.num_blocks * engine.config.block_size, LogprobFormatter(engine.tokenizer))
+                        engine.allocator.num_blocks * engine.config.block_size, LogprobFormatter(engine.tokenizer),
+                        SharedCompiler(engine.tokenizer, engine.runner.model.config.vocab_size,
+                                       engine.runner.model.config.eos_token_id))
 
     async def start_engine(app: web.Application) -> None:
         bridge.start(asyncio.get_running_loop())

@@ -16,6 +16,7 @@ one process (tests, notebooks). Every series carries ``model_name``; token count
 | ``servelab:prefix_cache_queries_total`` | counter | prompt tokens looked up in the prefix cache (tokens) |
 | ``servelab:prefix_cache_hits_total`` | counter | of those, tokens whose KV the cache supplied (tokens) |
 | ``servelab:iteration_tokens_total`` | histogram | tokens in one engine step's forward pass (prefill + decode) |
+| ``servelab:grammar_compile_seconds`` | histogram | compiling a request's structured-output grammar (before submit, so never in TTFT) |
 | ``servelab:request_success_total`` | counter | ended requests, by ``finished_reason`` (see below) |
 | ``servelab:request_queue_time_seconds`` | histogram | submit to the bridge -> admitted by the scheduler |
 | ``servelab:time_to_first_token_seconds`` | histogram | submit -> the engine thread hands out the first token |
@@ -85,6 +86,7 @@ class ServerMetrics:
         self.ttft = self._histogram("time_to_first_token_seconds", "Submit to the engine -> first generated token.")
         self.itl = self._histogram("inter_token_latency_seconds", "Time between two outputs of one request.")
         self.e2e = self._histogram("e2e_request_latency_seconds", "Submit to the engine -> request ended.")
+        self.grammar_compile = self._histogram("grammar_compile_seconds", "Compiling a structured-output grammar.")
 
     def _histogram(self, name: str, doc: str):
         return Histogram(f"servelab:{name}", doc, ["model_name"], buckets=LATENCY_BUCKETS_S,

@@ -9,7 +9,8 @@ not JSON, and every string the server uses must be encodable Unicode (an unpaire
 Accepted ``prompt`` shapes (as OpenAI and vLLM): a string, a list of strings, a list of token ids, or a
 list of lists of token ids; each prompt is one engine request, and with ``n`` samples each, choice
 ``index = prompt_i * n + j``. Chat ``content`` is a string or a list of ``{"type": "text", "text": ...}``
-parts. Logprobs (``logprobs``/``top_logprobs``/``echo``) are the raw model's (see
+parts. Structured outputs: ``response_format`` (``json_object``, ``json_schema``) or vLLM's ``guided_json``,
+``guided_choice`` and ``guided_regex`` (:mod:`servelab.grammar`). Logprobs (``logprobs``/``top_logprobs``/``echo``) are the raw model's (see
 :class:`~servelab.sampling.SamplingParams`). ``logit_bias`` maps token ids (JSON object keys, so strings) to a bias in [-100, 100] added to
 the logits before sampling. A ``temperature`` below 1e-5 samples greedily (vLLM's rule; dividing the
 logits by a subnormal temperature would overflow them).
@@ -24,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from servelab.grammar import GrammarSpec
 from servelab.sampling import SamplingParams
 from servelab.server.gate import Rejection
 
@@ -41,7 +43,8 @@ GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (vLLM's rule): 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy completions ``logprobs``
 MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's limit for chat ``top_logprobs``
-UNSUPPORTED = ("suffix", "functions", "response_format", "best_of")
+UNSUPPORTED = ("suffix", "functions", "best_of")
+GRAMMAR_FIELDS = ("response_format", "guided_json", "guided_choice", "guided_regex")
 NO_TOOLS = ("tools", "tool_choice", "function_call")
 
 
@@ -59,6 +62,8 @@ class ParsedRequest:
     logprobs: int | None = None  # alternatives per token when logprobs were asked for, else None
     echo: bool = False  # completions: the prompt (and its logprobs) goes before the generated text
     score_only: bool = False  # echo with max_tokens 0: the prompt is scored, the sampled token not returned
+    grammar: GrammarSpec | None = None  # structured output: what the text must match
+    grammar_param: str | None = None  # the body field that asked for it
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> Rejection:
@@ -286,6 +291,58 @@ def _temperature(body: dict) -> float:
     return 0.0 if temperature < GREEDY_BELOW else temperature
 
 
+def _json_schema(value: object, param: str) -> GrammarSpec:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise bad(f"{param} must be a JSON schema (an object), got text that is not JSON", param) from None
+    if not isinstance(value, (dict, bool)):
+        raise bad(f"{param} must be a JSON schema (an object)", param)
+    return GrammarSpec("json_schema", json.dumps(value))
+
+
+def _response_format(value: object) -> GrammarSpec | None:
+    """OpenAI's ``response_format``: ``text`` (no grammar), ``json_object`` or ``json_schema``."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarSpec("json_schema", '{"type": "object"}')
+    if kind == "json_schema":
+        inner = value.get("json_schema")
+        if not isinstance(inner, dict) or "schema" not in inner:
+            raise bad('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}',
+                      "response_format")
+        return _json_schema(inner["schema"], "response_format")
+    raise bad('response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+              f'"json_schema": {{...}}}}, got {_show(value)}', "response_format")
+
+
+def _grammar(body: dict) -> tuple[GrammarSpec | None, str | None]:
+    """The structured-output request: OpenAI's ``response_format`` or vLLM's ``guided_json``,
+    ``guided_choice`` (a list of strings) or ``guided_regex``, at most one of them."""
+    given = [name for name in GRAMMAR_FIELDS if body.get(name) is not None]
+    if len(given) > 1:
+        raise bad(f"give at most one of {', '.join(GRAMMAR_FIELDS)}; got {', '.join(given)}", given[1])
+    if not given:
+        return None, None
+    name, value = given[0], body[given[0]]
+    if name == "response_format":
+        spec = _response_format(value)
+    elif name == "guided_json":
+        spec = _json_schema(value, name)
+    elif name == "guided_choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise bad("guided_choice must be a non-empty list of non-empty strings", name)
+        spec = GrammarSpec("choice", tuple(check_text(c, name) for c in value))
+    else:
+        if not isinstance(value, str) or not value:
+            raise bad("guided_regex must be a non-empty string (a regular expression)", name)
+        spec = GrammarSpec("regex", check_text(value, name))
+    return spec, name
+
+
 def _logprobs(body: dict, chat: bool) -> tuple[int | None, bool]:
     """``(alternatives per token or None, echo)``: completions' ``logprobs: k`` (0..5) and ``echo``;
     chat's ``logprobs: true`` with ``top_logprobs: k`` (0..20)."""
@@ -370,4 +427,4 @@ def parse_request(body: object, chat: bool, config: ServerConfig, vocab_size: in
     return ParsedRequest(prompts, params, given, _flag(body, "stream", False),
                          _flag(stream_options, "include_usage", False),
                          _number(body, "deadline_s", config.request_timeout_s, 1e-3, config.request_timeout_s),
-                         logprobs, echo, echo and body.get("max_tokens") == 0)
+                         logprobs, echo, echo and body.get("max_tokens") == 0, *_grammar(body))
