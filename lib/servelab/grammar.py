@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GrammarSpec", "Grammar", "Matcher", "GrammarCompiler", "SharedCompiler", "new_matcher", "allowed_masks", "accept"]
+__all__ = ["GrammarSpec", "Grammar", "Matcher", "GrammarCompiler", "SharedCompiler", "new_matcher", "allowed_masks", "accept",
+           "greedy_mask_trace"]
 
 GRAMMAR_KINDS = ("json_schema", "regex", "choice")
 _XGRAMMAR_LOCATION = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")  # "[12:00:00] /project/cpp/x.cc:83: "
@@ -155,3 +156,27 @@ def allowed_masks(matchers: Sequence[Matcher], vocab_size: int) -> torch.Tensor:
 def accept(matcher: Matcher, token: int) -> bool:
     """Advance ``matcher`` by the sampled ``token``; False if the grammar did not allow it."""
     return bool(matcher.inner.accept_token(token))
+
+
+@torch.inference_mode()
+def greedy_mask_trace(model, prompt_ids: Sequence[int], grammar: Grammar, max_steps: int) -> list[dict]:
+    """Greedy decoding under ``grammar`` with the unconstrained distribution beside it, one dict per step:
+    ``allowed`` (how many ids the mask keeps), ``mass`` (the model's probability on them, before the mask),
+    ``free`` / ``free_p`` (the model's own favourite and its probability) and ``chosen`` / ``chosen_p``
+    (the argmax over the allowed ids, and its unconstrained probability). Stops after the grammar's
+    end-of-sequence token or ``max_steps`` steps. One dense forward per step (a teaching loop, no cache).
+    """
+    ids, matcher, rows = list(prompt_ids), new_matcher(grammar), []
+    vocab = model.config.vocab_size
+    for _ in range(max_steps):
+        probs = torch.softmax(model(torch.tensor(ids))[-1].double(), dim=-1)
+        mask = allowed_masks([matcher], vocab)[0]
+        chosen = int(torch.where(mask, probs, -1.0).argmax())
+        free = int(probs.argmax())
+        rows.append({"allowed": int(mask.sum()), "mass": float(probs[mask].sum()), "free": free,
+                     "free_p": float(probs[free]), "chosen": chosen, "chosen_p": float(probs[chosen])})
+        accept(matcher, chosen)
+        ids.append(chosen)
+        if matcher.inner.is_terminated():
+            break
+    return rows
