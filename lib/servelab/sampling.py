@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -77,6 +77,8 @@ and pull one more token into the kept set."""
 
 PROB_SUM_TOLERANCE = 1e-6
 """How far from 1 the sum of a probability vector handed to a filter may drift before it is rejected."""
+
+MAX_LOGPROBS = 20  # most alternatives a request may ask for per token (OpenAI chat's top_logprobs limit)
 
 FILTER_NAMES = ("top_k", "top_p", "min_p", "typical")
 """The truncation filters :class:`SamplingParams.filter_order` may list, in the default order."""
@@ -495,6 +497,14 @@ class SamplingParams:
     filters. ``max_tokens`` bounds generated tokens; ``stop`` strings end generation without being
     returned; ``ignore_eos`` keeps generating past EOS; ``seed`` makes a request's draws reproducible;
     ``n`` asks for that many independent samples of the same prompt.
+
+    ``logprobs`` (engine and server only): report each generated token's log-probability plus that many
+    most likely alternatives (0: the token's own only); ``prompt_logprobs`` the same for every prompt
+    token after the first. Both are the raw model's ``log_softmax`` of the logits, before any of the
+    processors above (vLLM's default ``logprobs_mode="raw_logprobs"``); None: not computed.
+    ``grammar`` (engine only): a compiled xgrammar grammar (:class:`servelab.grammar.GrammarCompiler`);
+    the engine masks every sample's next token to what the grammar allows, after the other processors
+    and before temperature, so greedy decoding stays greedy over the allowed tokens.
     """
 
     temperature: float = 1.0
@@ -515,6 +525,9 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     n: int = 1
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    grammar: object | None = field(default=None, hash=False)  # unhashable; equality compares it
 
     def __post_init__(self) -> None:
         self._set("temperature", require_interval("temperature", self.temperature, 0.0, math.inf,
@@ -546,6 +559,9 @@ class SamplingParams:
         if self.seed is not None:
             self._set("seed", require_index("seed", self.seed, 0))
         self._set("n", require_index("n", self.n, 1))
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                self._set(name, require_index(name, getattr(self, name), 0, MAX_LOGPROBS))
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # the dataclass is frozen; normalise once, here

@@ -17,6 +17,12 @@ each sample draws its first token from the same last-position logits with its ow
 and the first write into the shared partial tail is copied on write. A sample that finishes while
 siblings go on returns its blocks and slot at once; the request ends when the last sample does.
 
+Logprobs (``params.logprobs`` / ``params.prompt_logprobs``): the raw model's log-softmax of the rows the
+forward pass already computed (:func:`~servelab.engine.sampler.token_logprobs`): a sampled row for each
+generated token, and, for prompt logprobs, the prefill's other prompt positions as extra LM-head rows of
+the same pass. A request with prompt logprobs is admitted under a namespace of its own, so no prefix hit
+skips a position it has to score (its own recompute after a preemption keeps the scores it has).
+
 Cancel, pause / resume (a third kind of preemption: compute freed, KV kept), ``stream`` and ``generate``
 live in :mod:`servelab.engine.control`. System boundary: timestamps come from the injected ``clock``
 (seconds) at the engine API: arrival is ``add_request``, an emit is the end of the step that hands a token
@@ -33,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from servelab import grammar
 from servelab.chat_template import ChatTemplate
 from servelab.engine.config import EngineConfig
 from servelab.engine.control import EngineStats, RequestControls
@@ -40,7 +47,7 @@ from servelab.engine.model_runner import ForwardInput, ModelRunner, resolve_devi
 from servelab.engine.outputs import (RequestOutput, SampleOutput, SampleStream, TokenUsage, accept_token,
                                      request_output, settle)
 from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, EngineRequest, new_request
-from servelab.engine.sampler import SamplingRow, sample_tokens
+from servelab.engine.sampler import SamplingRow, sample_tokens, token_logprobs
 from servelab.engine.scheduler import Scheduler, SchedulerOutput
 from servelab.engine.trace import StepRecord
 from servelab.engine.validation import RequestValidator, check_components, context_limit
@@ -119,6 +126,8 @@ class LLMEngine(RequestControls):
         self.validator.check_params(params, prompt_ids)
         request_id = self.validator.request_id(request_id, self._id_in_use)
         self.validator.check_options(deadline_s, namespace, priority)
+        if params.prompt_logprobs is not None:  # a namespace of its own: no prefix hit skips a scored position
+            namespace = f"{namespace}\x00prompt-logprobs:{request_id}"
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         arrival_index = next(self._arrivals)
         request = new_request(request_id, self.validator.sample_ids(request_id, params.n, self._id_in_use),
@@ -170,8 +179,10 @@ class LLMEngine(RequestControls):
             return self._fail([self._samples[c.seq_id] for c in sched.chunks], exc)
         for chunk in sched.chunks:  # the KV of every chunk is now in the pool
             self.scheduler.commit(chunk, self._samples[chunk.seq_id].seq)
+        logits, score_logits = logits[:len(batch.sample_indices)], logits[len(batch.sample_indices):]
         picks = self._fork_finished_prompts([self._samples[c.seq_id] for c in sched.chunks if c.sample])
         try:
+            self._score_prompts(batch.score_rows, score_logits)
             tokens = self._sample(logits, picks)
         except Exception as exc:
             return self._fail([stream for stream, _ in picks], exc)
@@ -192,8 +203,43 @@ class LLMEngine(RequestControls):
         """Phase 4: one token per picked sample, drawn from its logits row (forked samples share one)."""
         if len(picks) != logits.shape[0]:
             logits = logits[torch.tensor([row for _, row in picks], device=logits.device)]
-        return sample_tokens(logits, [SamplingRow(s.seq.params, s.seq.prompt_ids, s.seq.output_ids, s.seq.generator)
-                                      for s, _ in picks])
+        masks = self._grammar_masks([s for s, _ in picks], logits.shape[-1])
+        tokens = sample_tokens(logits, [SamplingRow(s.seq.params, s.seq.prompt_ids, s.seq.output_ids,
+                                                    s.seq.generator, masks.get(i)) for i, (s, _) in enumerate(picks)])
+        for i, (stream, _) in enumerate(picks):
+            if i in masks and tokens[i] is not None:
+                grammar.accept(stream.matcher, tokens[i])
+        wanted = [i for i, (s, _) in enumerate(picks) if s.seq.params.logprobs is not None and tokens[i] is not None]
+        if wanted:  # the raw distribution of the same rows, for the tokens just drawn
+            found = token_logprobs(logits[torch.tensor(wanted, device=logits.device)], [tokens[i] for i in wanted],
+                                   [picks[i][0].seq.params.logprobs for i in wanted])
+            for i, logprob in zip(wanted, found):
+                picks[i][0].logprobs.append(logprob)
+        return tokens
+
+    def _grammar_masks(self, streams: list[SampleStream], vocab_size: int) -> dict[int, torch.Tensor]:
+        """Row -> the ids its grammar allows next, for the rows whose request has ``params.grammar``."""
+        rows = [i for i, s in enumerate(streams) if s.seq.params.grammar is not None]
+        if not rows:
+            return {}
+        for i in rows:
+            if streams[i].matcher is None:
+                streams[i].matcher = grammar.new_matcher(streams[i].seq.params.grammar)
+        masks = grammar.allowed_masks([streams[i].matcher for i in rows], vocab_size)
+        return dict(zip(rows, masks))
+
+    def _score_prompts(self, rows: list[tuple[str, int]], logits: torch.Tensor) -> None:
+        """Store the prompt logprobs of this step's score rows (``(seq_id, position)`` each, scoring prompt
+        token ``position + 1``); a position scored before (a recomputed prefill) is skipped."""
+        if not rows:
+            return
+        seqs = [self._samples[seq_id].seq for seq_id, _ in rows]
+        found = token_logprobs(logits, [seq.prompt_ids[p + 1] for seq, (_, p) in zip(seqs, rows)],
+                               [seq.params.prompt_logprobs for seq in seqs])
+        for (seq_id, position), logprob in zip(rows, found):
+            scored = self._samples[seq_id].prompt_logprobs
+            if position == len(scored):
+                scored.append(logprob)
 
     def _process_outputs(self, streams: list[SampleStream], tokens: list[int | None]) -> list[RequestOutput]:
         """Phase 5: each sampled token becomes text and maybe a stop; one output per sampled request.

@@ -42,13 +42,18 @@ class ForwardInput:
 
     ``token_ids[i]`` sits at absolute position ``positions[i]``; ``spans`` say which block table each
     chunk's tokens use (attention metadata); ``sample_indices`` are the flat indices of the last token
-    of each chunk whose logits are sampled, in chunk order.
+    of each chunk whose logits are sampled, in chunk order. ``score_indices`` are the flat indices of
+    prompt positions whose logits score the next prompt token (requests with ``prompt_logprobs``), and
+    ``score_rows`` says whose: ``(seq_id, position)`` each, the logits at ``position`` scoring prompt
+    token ``position + 1``.
     """
 
     token_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     spans: list[ChunkSpan] = field(default_factory=list)
     sample_indices: list[int] = field(default_factory=list)
+    score_indices: list[int] = field(default_factory=list)
+    score_rows: list[tuple[str, int]] = field(default_factory=list)
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[tuple[ScheduledChunk, Sequence, list[int]]]) -> "ForwardInput":
@@ -56,6 +61,10 @@ class ForwardInput:
         batch = cls()
         for chunk, seq, table in chunks:
             end = chunk.start + chunk.num_tokens
+            if seq.params.prompt_logprobs is not None:  # the last prompt position is the sampled row
+                for position in range(chunk.start, min(end, len(seq.prompt_ids) - 1)):
+                    batch.score_indices.append(len(batch.token_ids) + position - chunk.start)
+                    batch.score_rows.append((seq.seq_id, position))
             batch.token_ids += seq.tokens_between(chunk.start, end)
             batch.positions += range(chunk.start, end)
             batch.spans.append(ChunkSpan(chunk.start, chunk.num_tokens, table))
@@ -128,16 +137,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ForwardInput) -> torch.Tensor:
-        """One forward pass over ``batch``. Returns float32 logits ``[len(batch.sample_indices), vocab]``,
-        one row per sampled chunk, in chunk order."""
+        """One forward pass over ``batch``. Returns float32 logits ``[len(sample_indices) +
+        len(score_indices), vocab]``: one row per sampled chunk, in chunk order, then the score rows."""
         self.backend.metadata = build_metadata(batch.spans, self.block_size, self.device, self.dtype)
         try:
             hidden = self.model.hidden_states(torch.tensor(batch.token_ids, device=self.device),
                                               torch.tensor(batch.positions, device=self.device), self.backend)
         finally:
             self.backend.metadata = None
-        if len(batch.sample_indices) < len(batch.token_ids):  # a pure decode batch samples every token
-            hidden = hidden[torch.tensor(batch.sample_indices, device=self.device, dtype=torch.long)]
+        if batch.score_indices or len(batch.sample_indices) < len(batch.token_ids):  # else: pure decode
+            rows = batch.sample_indices + batch.score_indices
+            hidden = hidden[torch.tensor(rows, device=self.device, dtype=torch.long)]
         return self.model.lm_head(hidden).float()
 
     # ------------------------------------------------------------------------------- KVMover

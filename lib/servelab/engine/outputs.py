@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 
+from servelab.engine.sampler import TokenLogprob
 from servelab.engine.sequence import IncrementalDetokenizer, Sequence
 from servelab.metrics import RequestTiming
 from servelab.streaming import StopStringBuffer
@@ -50,6 +51,7 @@ class SampleOutput:
     token_ids: tuple[int, ...]
     finished: bool
     finish_reason: str | None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of this step's delta (EOS included)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,11 @@ class RequestOutput:
     cancelled / timed_out / failed when it was cut short, else that of the sample that finished last.
     ``usage`` sums ``generated``, ``emitted`` and ``committed`` over the samples. ``timing`` is per
     token stream, so it is only set for n == 1.
+
+    With ``params.logprobs`` set, ``logprobs`` holds one :class:`TokenLogprob` per token id handed out
+    in this step, plus the EOS token's when the sample ends on it (generated, never emitted as text).
+    With ``params.prompt_logprobs`` set, ``prompt_logprobs`` holds the prompt tokens after the first,
+    once, in the output of the step that finished the prompt (None in every other output).
     """
 
     request_id: str
@@ -74,6 +81,8 @@ class RequestOutput:
     usage: TokenUsage
     timing: RequestTiming | None  # set once finished, when at least one token was emitted
     samples: tuple[SampleOutput, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(eq=False)
@@ -95,6 +104,11 @@ class SampleStream:
     committed_at_end: int = 0
     delta: str = ""  # text produced since the last output, not yet handed out
     delta_ids: tuple[int, ...] = ()  # ids released since the last output
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token (params.logprobs)
+    logprobs_sent: int = 0
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt token i + 1 at index i
+    prompt_logprobs_sent: bool = False
+    matcher: object | None = None  # the sample's xgrammar matcher (params.grammar), made at its first step
 
 
 def accept_token(stream: SampleStream, token: int | None, now: float, eos: int | None,
@@ -159,9 +173,10 @@ def request_output(request_id: str, streams: SequenceOf[SampleStream], finish_re
     """The request's output for this step; hands out (and clears) each sample's pending delta."""
     finished = finish_reason is not None
     first = streams[0]
+    logprobs = [_logprobs_delta(s) for s in streams]
     samples = tuple(SampleOutput(s.index, s.delta, s.text, s.delta_ids, tuple(s.emitted_ids),
-                                 s.finish_reason is not None, s.finish_reason)
-                    for s in streams) if len(streams) > 1 else ()
+                                 s.finish_reason is not None, s.finish_reason, lp)
+                    for s, lp in zip(streams, logprobs)) if len(streams) > 1 else ()
     usage = TokenUsage(prompt_tokens=len(first.seq.prompt_ids), cached_prompt_tokens=first.seq.num_cached_prompt or 0,
                        generated=sum(len(s.seq.output_ids) for s in streams),
                        emitted=sum(len(s.emitted_ids) for s in streams),
@@ -170,10 +185,28 @@ def request_output(request_id: str, streams: SequenceOf[SampleStream], finish_re
     output = RequestOutput(request_id=request_id, delta=first.delta, text=first.text, delta_token_ids=first.delta_ids,
                            token_ids=tuple(first.emitted_ids), finished=finished, finish_reason=finish_reason,
                            usage=usage, timing=timing(first.seq) if finished and not samples else None,
-                           samples=samples)
+                           samples=samples, logprobs=logprobs[0], prompt_logprobs=_prompt_logprobs(first))
     for stream in streams:
         stream.delta, stream.delta_ids = "", ()
     return output
+
+
+def _logprobs_delta(stream: SampleStream) -> tuple[TokenLogprob, ...]:
+    """The logprobs of the ids released since the last output, and of a final EOS (never released)."""
+    end = len(stream.logprobs) if stream.finish_reason == "eos" else min(len(stream.emitted_ids), len(stream.logprobs))
+    new = tuple(stream.logprobs[stream.logprobs_sent:end])
+    stream.logprobs_sent = max(stream.logprobs_sent, end)
+    return new
+
+
+def _prompt_logprobs(stream: SampleStream) -> tuple[TokenLogprob, ...] | None:
+    """The prompt's logprobs once all are computed, handed out once."""
+    seq = stream.seq
+    if (seq.params.prompt_logprobs is None or stream.prompt_logprobs_sent
+            or len(stream.prompt_logprobs) < len(seq.prompt_ids) - 1):
+        return None
+    stream.prompt_logprobs_sent = True
+    return tuple(stream.prompt_logprobs)
 
 
 def timing(seq: Sequence) -> RequestTiming | None:

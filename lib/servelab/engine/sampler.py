@@ -2,13 +2,19 @@
 
 Stages, in the order of :func:`servelab.sampling.next_token_distribution`: hard constraints (allowed ids,
 banned sequences, no-repeat n-grams) and logit bias -> penalties (frequency/presence on generated tokens,
-repetition on prompt + output) -> temperature (``T = 0`` is a separate greedy branch) -> truncation filters
+repetition on prompt + output) -> the row's grammar mask (structured outputs, :mod:`servelab.grammar`;
+the reference pipeline has no such stage) -> temperature (``T = 0`` is a separate greedy branch) -> truncation filters
 in each row's ``filter_order`` -> renormalise -> inverse-CDF draw.
 
 Reproducibility: each sampling row (temperature > 0) draws exactly one uniform per step from its own
 request's ``torch.Generator``, so a seeded request's tokens do not depend on which other requests share
 the batch. Greedy rows draw nothing: their token never depends on a uniform. The probability maths runs
 in float64 so that support sets match the numpy reference.
+
+Log-probabilities (:func:`token_logprobs`) are the raw model's ``log_softmax`` of the same logits rows,
+before any processor (vLLM's default ``raw_logprobs``), in float64: the engine reads them from the step
+that sampled the token (and, for prompt tokens, from the prefill that computed them), never from a
+second forward pass.
 
 System boundary: logits ``[rows, vocab]`` in (any device), one token id per row out. Which rows exist and
 what they have generated so far is the engine's business.
@@ -24,6 +30,15 @@ import torch
 from servelab.sampling import MASS_TOLERANCE, SamplingParams
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's raw log-probability (natural log) and the ``k`` most likely tokens at its position."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
 @dataclass
 class SamplingRow:
     """One request's inputs to one decode step."""
@@ -32,6 +47,7 @@ class SamplingRow:
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
     generator: torch.Generator  # CPU generator owned by the request
+    grammar_mask: torch.Tensor | None = None  # bool [vocab]: the ids the request's grammar allows next
 
 
 def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int | None]:
@@ -40,7 +56,7 @@ def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int
     Returns a Python int per row, or None for a row whose hard constraints mask every token (that
     request cannot continue; the reference pipeline raises ValueError for it).
     """
-    if all(_plain_greedy(r.params) for r in rows):  # fast path: nothing to mask, penalise or sample
+    if all(_plain_greedy(r.params) and r.grammar_mask is None for r in rows):  # nothing to mask, penalise or sample
         return logits.argmax(dim=-1).tolist()
     draws = [float(torch.rand((), generator=r.generator, dtype=torch.float64)) if r.params.temperature > 0
              else 0.0 for r in rows]  # one uniform per sampling row; a greedy row's is never read
@@ -64,6 +80,7 @@ def next_token_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple
     z = logits.to(torch.float64, copy=True)
     dead = _apply_hard_constraints(z, rows)
     z = _apply_penalties(z, rows)
+    dead |= _apply_grammar_masks(z, rows)
     temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float64, device=z.device)
     greedy = temps == 0
     probs = torch.softmax(z / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
@@ -144,6 +161,19 @@ def _apply_penalties(z: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tens
     return z
 
 
+def _apply_grammar_masks(z: torch.Tensor, rows: Sequence[SamplingRow]) -> set[int]:
+    """Stage 3 (before temperature): ids a row's grammar forbids get ``-inf``; rows left with nothing
+    are reset to 0 and returned."""
+    dead = set()
+    for i, row in enumerate(rows):
+        if row.grammar_mask is not None:
+            z[i, ~row.grammar_mask.to(z.device)] = -torch.inf
+            if not torch.isfinite(z[i]).any():
+                dead.add(i)
+                z[i] = 0.0
+    return dead
+
+
 # ----------------------------------------------------------------------------------------------- stage 4
 
 
@@ -210,3 +240,23 @@ def _typical(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
 
 
 _FILTERS = {"top_k": _top_k, "top_p": _top_p, "min_p": _min_p, "typical": _typical}
+
+
+# ----------------------------------------------------------------------------------------------- logprobs
+
+
+def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top_k: Sequence[int]) -> list[TokenLogprob]:
+    """Per row of ``logits`` (``[rows, vocab]``): the raw log-softmax of ``targets[i]`` and the
+    ``top_k[i]`` most likely tokens (ties: torch.topk's order)."""
+    if logits.dim() != 2 or not logits.shape[0] == len(targets) == len(top_k):
+        raise ValueError(f"logits must be [len(targets), vocab], got shape {tuple(logits.shape)}")
+    if not len(targets):
+        return []
+    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    index = torch.tensor(list(targets), dtype=torch.long, device=logp.device)[:, None]
+    chosen = logp.gather(1, index)[:, 0].tolist()
+    k = max(top_k)
+    values, ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
+    values, ids = values.tolist(), ids.tolist()
+    return [TokenLogprob(int(t), lp, tuple(zip(ids[i][:top_k[i]], values[i][:top_k[i]])))
+            for i, (t, lp) in enumerate(zip(targets, chosen))]

@@ -1,13 +1,18 @@
 """An OpenAI-compatible HTTP server on :class:`servelab.engine.LLMEngine` (aiohttp).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (Prometheus text format). The subset of the
+``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics`` (Prometheus text format), and vLLM's
+``POST /tokenize``, ``POST /detokenize`` and ``GET /version`` (:mod:`~servelab.server.utility`). The subset of the
 OpenAI API that vLLM and SGLang also serve: ``prompt`` (a string, strings, token ids or lists of them) or
 ``messages``, ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``top_k``,
 ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logit_bias``, ``stop``,
-``seed``, ``n``, ``ignore_eos``, ``stream`` and ``stream_options.include_usage``, plus one servelab
+``seed``, ``n``, ``ignore_eos``, ``stream`` and ``stream_options.include_usage``, ``logprobs`` (completions:
+0-5 alternatives; chat: ``logprobs: true`` + ``top_logprobs`` 0-20) and ``echo`` (completions; with
+``max_tokens: 0`` it scores the prompt; see :mod:`~servelab.server.logprobs`), structured outputs
+(``response_format`` ``json_object`` / ``json_schema``, vLLM's ``guided_json`` / ``guided_choice`` /
+``guided_regex``; :mod:`servelab.grammar`; a grammar that does not compile is a 400 naming its field), plus one servelab
 extension, ``deadline_s`` (seconds; the request ends as timed out when it passes). A field the server
-cannot honour (``logprobs``, ``tools``, ...) is refused with a 400, never silently ignored.
+cannot honour (``tools``, ``suffix``, ...) is refused with a 400, never silently ignored.
 
 A request's path, in order:
 
@@ -45,6 +50,7 @@ import dataclasses
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,12 +58,15 @@ from typing import Any
 from aiohttp import web
 
 from servelab.engine import LLMEngine
+from servelab.grammar import SharedCompiler
 from servelab.sampling import SamplingParams
 from servelab.server.bridge import EngineBridge, EngineFailure, Overloaded, RequestStream
 from servelab.server.gate import IngressGate, Rejection, TenantLimits
+from servelab.server.logprobs import LogprobFormatter
 from servelab.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from servelab.server.protocol import ParsedRequest, bad, parse_json, parse_request, render_chat
 from servelab.server.responses import Exchange, error_response, rejection_for, sse
+from servelab.server.utility import add_utility_routes
 
 __all__ = ["ServerConfig", "create_app", "render_chat", "BackgroundServer", "DEFAULT_MODEL_NAME"]
 
@@ -137,8 +146,8 @@ async def _answer_stream(request: web.Request, exchange: Exchange) -> web.Stream
             if prompt.problem is not None:
                 await response.write(_error_event(prompt.problem))
                 break
-            for choice, text, finish in moved:
-                await response.write(exchange.chunk([exchange.stream_choice(choice.index, text, finish)]))
+            for move in moved:
+                await response.write(exchange.chunk([exchange.stream_choice(move)]))
             try:
                 prompt, moved = await anext(events)
             except StopAsyncIteration:
@@ -166,6 +175,8 @@ class _State:
     metrics: ServerMetrics
     vocab_size: int | None
     kv_capacity_tokens: int  # tokens the whole KV pool holds: no sequence can be longer
+    formatter: LogprobFormatter
+    grammars: SharedCompiler
 
 
 STATE = web.AppKey("servelab", _State)
@@ -215,24 +226,45 @@ def _submit(state: _State, prompt_ids: list[list[int]], params: SamplingParams, 
     return streams
 
 
-def _admit(state: _State, body: object, chat: bool, tenant: str) -> tuple[Exchange, bool]:
-    """Phase 2: validate, tokenize, fit the context and queue; returns the exchange and whether to stream.
+async def _compile_grammar(state: _State, parsed: ParsedRequest) -> object | None:
+    """The request's structured-output grammar, compiled off the event loop (None without one); its
+    compile time goes to its own histogram, not into TTFT (the engine has not seen the request yet)."""
+    if parsed.grammar is None:
+        return None
+    start = time.perf_counter()
+    try:
+        compiled = await asyncio.get_running_loop().run_in_executor(None, state.grammars.compile, parsed.grammar)
+    except ValueError as exc:
+        raise bad(f"{parsed.grammar_param} cannot be compiled into a grammar: {exc}", parsed.grammar_param) from exc
+    state.metrics.grammar_compile.observe(time.perf_counter() - start)
+    return compiled
+
+
+def _admit(state: _State, parsed: ParsedRequest, chat: bool, tenant: str, grammar: object | None
+           ) -> tuple[Exchange, bool]:
+    """Phase 2: tokenize, fit the context and queue; returns the exchange and whether to stream.
 
     Raises :class:`Rejection`, ``Overloaded`` or ``EngineFailure``.
     """
-    parsed = parse_request(body, chat, state.config, state.vocab_size, state.engine.chat_template)
     prompt_ids = [_encode(state, p) for p in parsed.prompts]
     params = _fit_context(state, parsed, prompt_ids, chat)
+    if grammar is not None:
+        params = dataclasses.replace(params, grammar=grammar)
+    echo_texts = ([p if isinstance(p, str) else state.engine.tokenizer.decode(list(p)) for p in parsed.prompts]
+                  if parsed.echo else None)
     streams = _submit(state, prompt_ids, params, parsed.deadline_s, tenant)
-    return Exchange(streams, [len(ids) for ids in prompt_ids], params.n, chat, state.config.model_name,
-                    parsed.stream and parsed.include_usage), parsed.stream
+    return Exchange(streams, prompt_ids, params.n, chat, state.config.model_name,
+                    parsed.stream and parsed.include_usage, state.formatter, parsed.logprobs, echo_texts,
+                    parsed.score_only), parsed.stream
 
 
 async def _completions(request: web.Request, chat: bool) -> web.StreamResponse:
     state = request.app[STATE]
     try:
         tenant = state.gate.admit(request.headers.get("Authorization"), request.content_length)
-        exchange, stream = _admit(state, await _read_body(request, state.gate), chat, tenant)
+        parsed = parse_request(await _read_body(request, state.gate), chat, state.config, state.vocab_size,
+                               state.engine.chat_template)
+        exchange, stream = _admit(state, parsed, chat, tenant, await _compile_grammar(state, parsed))
     except Rejection as rejection:
         return error_response(rejection)
     except Overloaded as exc:
@@ -339,7 +371,9 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.App
                           config.backpressure_timeout_s, metrics)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[openai_errors])
     app[STATE] = _State(engine, config, gate, bridge, metrics, _vocab_size(engine),
-                        engine.allocator.num_blocks * engine.config.block_size)
+                        engine.allocator.num_blocks * engine.config.block_size, LogprobFormatter(engine.tokenizer),
+                        SharedCompiler(engine.tokenizer, engine.runner.model.config.vocab_size,
+                                       engine.runner.model.config.eos_token_id))
 
     async def start_engine(app: web.Application) -> None:
         bridge.start(asyncio.get_running_loop())
@@ -355,6 +389,7 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.App
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    add_utility_routes(app, STATE)
     return app
 
 

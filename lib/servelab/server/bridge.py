@@ -485,6 +485,8 @@ class EngineBridge:
             preempted = len(schedule.preempted) + len(schedule.swapped_out)
             if preempted:
                 self.metrics.preemptions.inc(preempted)
+            if schedule.chunks:
+                self.metrics.iteration_tokens.observe(schedule.num_batched_tokens)
 
     def _observe_tokens(self, tracked: _Tracked, output: RequestOutput) -> None:
         """Count new tokens; the first output with any is the TTFT, later ones inter-token gaps."""
@@ -496,6 +498,8 @@ class EngineBridge:
         self.metrics.tokens(tracked.tenant, generated=new)
         if tracked.last_token_at is None:
             self.metrics.ttft.observe(now - tracked.submitted)
+            self.metrics.prefix_cache_queries.inc(output.usage.prompt_tokens)
+            self.metrics.prefix_cache_hits.inc(output.usage.cached_prompt_tokens)
         else:
             self.metrics.itl.observe(now - tracked.last_token_at)
         tracked.last_token_at = now

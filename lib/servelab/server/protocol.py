@@ -9,7 +9,9 @@ not JSON, and every string the server uses must be encodable Unicode (an unpaire
 Accepted ``prompt`` shapes (as OpenAI and vLLM): a string, a list of strings, a list of token ids, or a
 list of lists of token ids; each prompt is one engine request, and with ``n`` samples each, choice
 ``index = prompt_i * n + j``. Chat ``content`` is a string or a list of ``{"type": "text", "text": ...}``
-parts. ``logit_bias`` maps token ids (JSON object keys, so strings) to a bias in [-100, 100] added to
+parts. Structured outputs: ``response_format`` (``json_object``, ``json_schema``) or vLLM's ``guided_json``,
+``guided_choice`` and ``guided_regex`` (:mod:`servelab.grammar`). Logprobs (``logprobs``/``top_logprobs``/``echo``) are the raw model's (see
+:class:`~servelab.sampling.SamplingParams`). ``logit_bias`` maps token ids (JSON object keys, so strings) to a bias in [-100, 100] added to
 the logits before sampling. A ``temperature`` below 1e-5 samples greedily (vLLM's rule; dividing the
 logits by a subnormal temperature would overflow them).
 
@@ -23,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from servelab.grammar import GrammarSpec
 from servelab.sampling import SamplingParams
 from servelab.server.gate import Rejection
 
@@ -38,8 +41,11 @@ MAX_STOP_STRINGS = 4
 MAX_PROMPTS = 32
 GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (vLLM's rule): 1/T would overflow the logits
 CHAT_ROLES = ("system", "developer", "user", "assistant")
-UNSUPPORTED = ("logprobs", "echo", "suffix", "tools", "tool_choice", "functions", "response_format", "best_of",
-               "top_logprobs")
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy completions ``logprobs``
+MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's limit for chat ``top_logprobs``
+UNSUPPORTED = ("suffix", "functions", "best_of")
+GRAMMAR_FIELDS = ("response_format", "guided_json", "guided_choice", "guided_regex")
+NO_TOOLS = ("tools", "tool_choice", "function_call")
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,11 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     deadline_s: float
+    logprobs: int | None = None  # alternatives per token when logprobs were asked for, else None
+    echo: bool = False  # completions: the prompt (and its logprobs) goes before the generated text
+    score_only: bool = False  # echo with max_tokens 0: the prompt is scored, the sampled token not returned
+    grammar: GrammarSpec | None = None  # structured output: what the text must match
+    grammar_param: str | None = None  # the body field that asked for it
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> Rejection:
@@ -255,6 +266,10 @@ def parse_logit_bias(value: object, vocab_size: int | None) -> dict[int, float]:
 
 
 def _unsupported(body: dict) -> None:
+    for name in NO_TOOLS:
+        if body.get(name) not in (None, "none", []):
+            raise bad(f"{name} is not supported by this server: the course model was not trained to call tools, "
+                      "so a tool call it produced would be noise", name)
     for name in UNSUPPORTED:
         value = body.get(name)
         if value is None or value is False or (type(value) is int and value == 0):
@@ -276,10 +291,81 @@ def _temperature(body: dict) -> float:
     return 0.0 if temperature < GREEDY_BELOW else temperature
 
 
+def _json_schema(value: object, param: str) -> GrammarSpec:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise bad(f"{param} must be a JSON schema (an object), got text that is not JSON", param) from None
+    if not isinstance(value, (dict, bool)):
+        raise bad(f"{param} must be a JSON schema (an object)", param)
+    return GrammarSpec("json_schema", json.dumps(value))
+
+
+def _response_format(value: object) -> GrammarSpec | None:
+    """OpenAI's ``response_format``: ``text`` (no grammar), ``json_object`` or ``json_schema``."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarSpec("json_schema", '{"type": "object"}')
+    if kind == "json_schema":
+        inner = value.get("json_schema")
+        if not isinstance(inner, dict) or "schema" not in inner:
+            raise bad('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}',
+                      "response_format")
+        return _json_schema(inner["schema"], "response_format")
+    raise bad('response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+              f'"json_schema": {{...}}}}, got {_show(value)}', "response_format")
+
+
+def _grammar(body: dict) -> tuple[GrammarSpec | None, str | None]:
+    """The structured-output request: OpenAI's ``response_format`` or vLLM's ``guided_json``,
+    ``guided_choice`` (a list of strings) or ``guided_regex``, at most one of them."""
+    given = [name for name in GRAMMAR_FIELDS if body.get(name) is not None]
+    if len(given) > 1:
+        raise bad(f"give at most one of {', '.join(GRAMMAR_FIELDS)}; got {', '.join(given)}", given[1])
+    if not given:
+        return None, None
+    name, value = given[0], body[given[0]]
+    if name == "response_format":
+        spec = _response_format(value)
+    elif name == "guided_json":
+        spec = _json_schema(value, name)
+    elif name == "guided_choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise bad("guided_choice must be a non-empty list of non-empty strings", name)
+        spec = GrammarSpec("choice", tuple(check_text(c, name) for c in value))
+    else:
+        if not isinstance(value, str) or not value:
+            raise bad("guided_regex must be a non-empty string (a regular expression)", name)
+        spec = GrammarSpec("regex", check_text(value, name))
+    return spec, name
+
+
+def _logprobs(body: dict, chat: bool) -> tuple[int | None, bool]:
+    """``(alternatives per token or None, echo)``: completions' ``logprobs: k`` (0..5) and ``echo``;
+    chat's ``logprobs: true`` with ``top_logprobs: k`` (0..20)."""
+    if not chat:
+        return _integer(body, "logprobs", None, 0, MAX_COMPLETION_LOGPROBS), _flag(body, "echo", False)
+    if body.get("echo") not in (None, False):
+        raise bad("echo is a completions field; chat completions do not echo the prompt", "echo")
+    top = _integer(body, "top_logprobs", None, 0, MAX_CHAT_TOP_LOGPROBS)
+    if not _flag(body, "logprobs", False):
+        if top is not None:
+            raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+        return None, False
+    return (top or 0), False
+
+
 def _sampling_params(body: dict, chat: bool, config: ServerConfig, vocab_size: int | None,
-                     course_chat: bool) -> SamplingParams:
-    """The body's sampling fields as :class:`SamplingParams`, range-checked with OpenAI's limits."""
+                     course_chat: bool, logprobs: int | None, echo: bool) -> SamplingParams:
+    """The body's sampling fields as :class:`SamplingParams`, range-checked with OpenAI's limits.
+
+    ``max_tokens: 0`` is allowed with ``echo`` (score the prompt): the engine still samples one token,
+    from the logits the prompt's prefill computes anyway, and the answer leaves it out."""
     tokens_field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(body, tokens_field, config.default_max_tokens, 0 if echo else 1, 1 << 20)
     try:
         return SamplingParams(
             temperature=_temperature(body), top_k=_top_k(body),
@@ -288,9 +374,10 @@ def _sampling_params(body: dict, chat: bool, config: ServerConfig, vocab_size: i
             frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
             repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.01, 10.0),
             logit_bias=parse_logit_bias(body.get("logit_bias"), vocab_size),
-            max_tokens=_integer(body, tokens_field, config.default_max_tokens, 1, 1 << 20),
+            max_tokens=max(1, max_tokens),
             stop=_stop_strings(body, course_chat), ignore_eos=_flag(body, "ignore_eos", False),
-            seed=_integer(body, "seed", None, 0, (1 << 63) - 1), n=_integer(body, "n", 1, 1, config.max_n))
+            seed=_integer(body, "seed", None, 0, (1 << 63) - 1), n=_integer(body, "n", 1, 1, config.max_n),
+            logprobs=logprobs, prompt_logprobs=logprobs if echo else None)
     except (ValueError, TypeError) as exc:  # SamplingParams' own checks name the field first
         raise bad(str(exc), str(exc).split(" ")[0]) from exc
 
@@ -335,6 +422,9 @@ def parse_request(body: object, chat: bool, config: ServerConfig, vocab_size: in
     given = body.get("max_completion_tokens" if chat and body.get("max_completion_tokens") is not None
                      else "max_tokens") is not None
     course_chat = chat and chat_template is None
-    return ParsedRequest(prompts, _sampling_params(body, chat, config, vocab_size, course_chat), given,
-                         _flag(body, "stream", False), _flag(stream_options, "include_usage", False),
-                         _number(body, "deadline_s", config.request_timeout_s, 1e-3, config.request_timeout_s))
+    logprobs, echo = _logprobs(body, chat)
+    params = _sampling_params(body, chat, config, vocab_size, course_chat, logprobs, echo)
+    return ParsedRequest(prompts, params, given, _flag(body, "stream", False),
+                         _flag(stream_options, "include_usage", False),
+                         _number(body, "deadline_s", config.request_timeout_s, 1e-3, config.request_timeout_s),
+                         logprobs, echo, echo and body.get("max_tokens") == 0, *_grammar(body))

@@ -12,6 +12,11 @@ event of each choice carries its ``finish_reason``; with ``stream_options.includ
 carries ``"usage": null`` and one more event with empty ``choices`` carries the usage (OpenAI
 semantics); then ``data: [DONE]``.
 
+Logprobs and ``echo``: see :mod:`servelab.server.logprobs`. With ``echo`` the prompt's text (and, with
+``logprobs``, its tokens' entries) opens each choice, in the first streamed chunk of that choice; with
+``echo`` and ``max_tokens: 0`` (:attr:`ParsedRequest.score_only`) the token the engine sampled is left
+out, the choice ends with ``"length"`` and ``completion_tokens`` is 0.
+
 Usage: ``prompt_tokens`` counts each prompt once; ``completion_tokens`` counts tokens the engine
 *generated* (what was computed and is billed), summed over choices; ``prompt_tokens_details.cached_tokens``
 the prefix-cache hits; the extension ``servelab_emitted_tokens`` counts the tokens whose text reached the
@@ -32,11 +37,13 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from servelab.engine import RequestOutput
+from servelab.engine.sampler import TokenLogprob
 from servelab.server.bridge import (BridgeError, EngineFailure, InvalidRequest, QueueTimeout, RequestStream,
                                     SlowClient)
 from servelab.server.gate import Rejection
+from servelab.server.logprobs import CompletionLogprobs, LogprobFormatter
 
-__all__ = ["error_response", "error_body", "rejection_for", "Exchange", "OPENAI_FINISH"]
+__all__ = ["error_response", "error_body", "rejection_for", "Exchange", "Move", "OPENAI_FINISH"]
 
 OPENAI_FINISH = {"stop": "stop", "eos": "stop", "length": "length"}
 
@@ -86,6 +93,19 @@ class _Choice:
     index: int
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None  # OpenAI's, once this choice ended normally
+    started: bool = False  # its first piece (with the echoed prompt, if any) went out
+    legacy: CompletionLogprobs = field(default_factory=CompletionLogprobs)  # completions' logprobs so far
+    chat_logprobs: list[dict] = field(default_factory=list)  # chat's logprobs entries so far
+
+
+@dataclass
+class Move:
+    """What one engine output added to one choice: text, logprobs entries from index ``since``, an end."""
+
+    choice: _Choice
+    text: str
+    finish_reason: str | None
+    since: int
 
 
 @dataclass
@@ -93,17 +113,24 @@ class _Prompt:
     """One engine request (one prompt, ``n`` samples) and its choices."""
 
     stream: RequestStream
-    prompt_tokens: int
+    prompt_ids: list[int]
     choices: list[_Choice]
+    echo_text: str | None = None  # the prompt's text when the request echoes it
+    score_only: bool = False
     last: RequestOutput | None = None
     problem: BridgeError | RequestOutput | None = None
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
     @property
     def done(self) -> bool:
         return self.problem is not None or (self.last is not None and self.last.finished)
 
-    def record(self, item: BridgeError | RequestOutput) -> list[tuple[_Choice, str, str | None]]:
-        """Apply one engine output; returns ``(choice, new text, finish_reason or None)`` per choice that moved."""
+    def record(self, item: BridgeError | RequestOutput, exchange: "Exchange") -> list[Move]:
+        """Apply one engine output; returns a :class:`Move` per choice that moved."""
         if isinstance(item, BridgeError):
             self.problem = item
             return []
@@ -111,36 +138,81 @@ class _Prompt:
         if item.finished and item.finish_reason not in OPENAI_FINISH:
             self.problem = item
             return []
-        parts = ([(s.index, s.delta, s.finished, s.finish_reason) for s in item.samples] if item.samples
-                 else [(0, item.delta, item.finished, item.finish_reason)])
+        if item.prompt_logprobs is not None:
+            self.prompt_logprobs = item.prompt_logprobs
+        parts = ([(s.index, s.delta, s.finished, s.finish_reason, s.logprobs) for s in item.samples] if item.samples
+                 else [(0, item.delta, item.finished, item.finish_reason, item.logprobs)])
         moved = []
-        for j, delta, finished, reason in parts:
+        for j, delta, finished, reason, records in parts:
             choice = self.choices[j]
+            if self.score_only:
+                delta, records = "", ()
             ending = finished and choice.finish_reason is None
             if ending:
-                choice.finish_reason = OPENAI_FINISH[reason]
-            if delta or ending:
-                choice.text.append(delta)
-                moved.append((choice, delta, choice.finish_reason if ending else None))
+                choice.finish_reason = "length" if self.score_only else OPENAI_FINISH[reason]
+            if not (delta or records or ending):
+                continue
+            since = len(choice.chat_logprobs if exchange.chat else choice.legacy.tokens)
+            if not choice.started:
+                choice.started = True
+                delta = self._open(choice, exchange) + delta
+            exchange.add_logprobs(choice, records)
+            choice.text.append(delta)
+            moved.append(Move(choice, delta, choice.finish_reason if ending else None, since))
         return moved
+
+    def _open(self, choice: _Choice, exchange: "Exchange") -> str:
+        """The echoed prompt that opens a choice: its text, and its tokens' logprobs entries."""
+        if self.echo_text is None:
+            return ""
+        if exchange.logprobs is not None:
+            choice.legacy.add_first(exchange.formatter, self.prompt_ids[0])
+            choice.legacy.add(exchange.formatter, self.prompt_logprobs)
+        choice.legacy.offset = len(self.echo_text)
+        return self.echo_text
 
 
 class Exchange:
-    """One HTTP request's conversation with the engine: its prompts, choices, ids and envelopes."""
+    """One HTTP request's conversation with the engine: its prompts, choices, ids and envelopes.
 
-    def __init__(self, streams: list[RequestStream], prompt_tokens: list[int], n: int, chat: bool, model: str,
-                 include_usage: bool) -> None:
-        self.prompts = [_Prompt(s, p, [_Choice(i * n + j) for j in range(n)])
-                        for i, (s, p) in enumerate(zip(streams, prompt_tokens))]
+    ``logprobs``: alternatives per token when the request asked for logprobs, else None; ``echo_texts``:
+    each prompt's text when the prompt is echoed (completions), else None.
+    """
+
+    def __init__(self, streams: list[RequestStream], prompt_ids: list[list[int]], n: int, chat: bool, model: str,
+                 include_usage: bool, formatter: LogprobFormatter | None = None, logprobs: int | None = None,
+                 echo_texts: list[str] | None = None, score_only: bool = False) -> None:
+        echo_texts = echo_texts or [None] * len(streams)
+        self.prompts = [_Prompt(s, ids, [_Choice(i * n + j) for j in range(n)], echo, score_only)
+                        for i, (s, ids, echo) in enumerate(zip(streams, prompt_ids, echo_texts))]
         self.choices = [c for p in self.prompts for c in p.choices]
         self.chat = chat
         self.model = model
         self.include_usage = include_usage
+        self.formatter = formatter
+        self.logprobs = logprobs
+        self.score_only = score_only
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
+    def add_logprobs(self, choice: _Choice, records) -> None:
+        """Append a choice's new tokens' logprobs (when asked for) in the response's format."""
+        if self.logprobs is None:
+            return
+        if self.chat:
+            choice.chat_logprobs += [self.formatter.chat_entry(r) for r in records]
+        else:
+            choice.legacy.add(self.formatter, records)
+
+    def _logprobs_body(self, choice: _Choice, since: int = 0) -> dict | None:
+        if self.logprobs is None:
+            return None
+        if self.chat:
+            return {"content": choice.chat_logprobs[since:], "refusal": None}
+        return choice.legacy.body(since)
+
     async def events(self):
-        """Yield ``(prompt, moved)`` in arrival order across prompts until every prompt's request ends.
+        """Yield ``(prompt, moves)`` in arrival order across prompts until every prompt's request ends.
 
         One reader task per prompt hands items over through a one-slot queue, so an unread output stays
         in its bounded :class:`RequestStream` (and backpressure reaches the engine thread).
@@ -163,7 +235,7 @@ class Exchange:
             remaining = len(self.prompts)
             while remaining:
                 prompt, item = await handoff.get()
-                moved = prompt.record(item)
+                moved = prompt.record(item, self)
                 remaining -= prompt.done
                 yield prompt, moved
         finally:
@@ -173,11 +245,11 @@ class Exchange:
     def usage(self) -> dict:
         outputs = [p.last for p in self.prompts if p.last is not None]
         prompt_tokens = sum(p.prompt_tokens for p in self.prompts)
-        generated = sum(o.usage.generated for o in outputs)
+        generated = 0 if self.score_only else sum(o.usage.generated for o in outputs)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
                 "total_tokens": prompt_tokens + generated,
                 "prompt_tokens_details": {"cached_tokens": sum(o.usage.cached_prompt_tokens for o in outputs)},
-                "servelab_emitted_tokens": sum(o.usage.emitted for o in outputs)}
+                "servelab_emitted_tokens": 0 if self.score_only else sum(o.usage.emitted for o in outputs)}
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> bytes:
         body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -191,11 +263,14 @@ class Exchange:
         return self.chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None} for c in self.choices])
 
-    def stream_choice(self, index: int, text: str, finish_reason: str | None) -> dict:
+    def stream_choice(self, move: Move) -> dict:
+        logprobs = self._logprobs_body(move.choice, move.since)
         if self.chat:
-            delta = {"content": text} if text else {}
-            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            delta = {"content": move.text} if move.text else {}
+            return {"index": move.choice.index, "delta": delta, "logprobs": logprobs,
+                    "finish_reason": move.finish_reason}
+        return {"index": move.choice.index, "text": move.text, "logprobs": logprobs,
+                "finish_reason": move.finish_reason}
 
     def full_body(self) -> dict:
         choices = []
@@ -203,8 +278,9 @@ class Exchange:
             text = "".join(c.text)
             if self.chat:
                 choices.append({"index": c.index, "message": {"role": "assistant", "content": text},
-                                "logprobs": None, "finish_reason": c.finish_reason})
+                                "logprobs": self._logprobs_body(c), "finish_reason": c.finish_reason})
             else:
-                choices.append({"index": c.index, "text": text, "logprobs": None, "finish_reason": c.finish_reason})
+                choices.append({"index": c.index, "text": text, "logprobs": self._logprobs_body(c),
+                                "finish_reason": c.finish_reason})
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": self.usage()}
