@@ -36,6 +36,7 @@ CHAPTER_SLUGS = (
     "ch00-state-machine",
     "ch01-request-lifecycle",
     "ch02-metrics",
+    "ch02-capacity",
     "ch03-sampling",
     "ch04-kv-cache",
     "ch05-scheduling",
