@@ -196,3 +196,11 @@ def test_sustained_rate_stops_at_the_first_miss():
 def test_headroom_is_the_unused_share_of_the_ceiling():
     assert capacity.headroom(14.0, 5, 4.0) == pytest.approx(0.3)
     assert capacity.headroom(14.0, 3, 4.0) < 0
+
+
+def test_prefill_attention_flops_grow_with_the_square_of_the_prompt():
+    linear, attention = capacity.prefill_flops(70e9, 4096, 80, 64, 128)
+    assert linear == pytest.approx(2 * 70e9 * 4096)
+    assert attention == pytest.approx(4 * 80 * 64 * 128 * 4096**2)
+    linear2, attention2 = capacity.prefill_flops(70e9, 8192, 80, 64, 128)
+    assert linear2 / linear == pytest.approx(2) and attention2 / attention == pytest.approx(4)

@@ -36,6 +36,7 @@ __all__ = [
     "kv_bytes_per_request",
     "flops_per_token",
     "compute_rate",
+    "prefill_flops",
     "time_to_last_token",
     "weight_read_rate",
     "peak_arrival_rate",
@@ -128,6 +129,18 @@ def flops_per_token(params: float) -> float:
 def compute_rate(params: float, tokens_per_second: float) -> float:
     """FLOP/s needed by the weight matmuls to produce ``tokens_per_second`` tokens."""
     return flops_per_token(params) * require_real("tokens_per_second", tokens_per_second, 0, strict_min=True)
+
+
+def prefill_flops(params: float, seq_len: int, n_layers: int, n_heads: int, head_dim: int) -> tuple[float, float]:
+    """(weight-matmul FLOPs, attention FLOPs) of one dense prefill of ``seq_len`` tokens.
+
+    Weights: 2 x params per token, linear in the prompt. Attention: the scores Q K^T and the weighted
+    sum of V, 2 x 2 x seq_len^2 x head_dim per query head per layer when every score is computed (a
+    causal kernel that skips the masked half does about half): quadratic in the prompt.
+    """
+    n = require_int("seq_len", seq_len, 1)
+    heads = require_int("n_layers", n_layers, 1) * require_int("n_heads", n_heads, 1)
+    return flops_per_token(params) * n, 4.0 * heads * require_int("head_dim", head_dim, 1) * n * n
 
 
 def weight_read_rate(params: float, bytes_per_param: float, tokens_per_second: float) -> float:

@@ -42,6 +42,7 @@ CHAPTER_SLUGS = (
     "ch05-scheduling",
     "ch06-cluster",
     "ch07-combining",
+    "ch07-production",
     "ch08-from-scratch",
     "ch09-interview",
     "appendix-a-checks",
