@@ -2,6 +2,8 @@ import math
 
 import pytest
 
+from servelab import capacity
+
 from servelab.capacity import (
     compute_rate,
     expected_tokens_per_cycle,
@@ -146,3 +148,59 @@ def test_cost_splits_usage_and_fixed_parts():
     assert round(hosted.per_1000(hosted.usage_total), 2) == 1.29
     assert round(hosted.per_1000(hosted.fixed_total), 2) == 6.53
     assert set(hosted.line_items) == set(hosted.usage_items) | set(hosted.fixed_items)
+
+
+# --- planning from measurements -------------------------------------------------------------------
+
+
+def test_in_flight_exceedance_is_the_tail_of_the_quantile():
+    # the quantile is the first n whose tail drops to 1 - q or below
+    n = capacity.in_flight_quantile(32, 0.99)
+    assert capacity.in_flight_exceedance(32, n) <= 0.01 < capacity.in_flight_exceedance(32, n - 1)
+    assert capacity.in_flight_exceedance(2.0, 0) == pytest.approx(1 - math.exp(-2.0))
+
+
+def test_occupancy_weights_counts_by_time_and_cuts_at_the_window():
+    # one request over [0, 4), a second over [1, 3): 1 in flight for 2 s, 2 for 2 s, 0 for 1 s
+    occ = capacity.occupancy([(0.0, 4.0), (1.0, 3.0)], 0.0, 5.0)
+    assert occ.seconds_at == {0: pytest.approx(1.0), 1: pytest.approx(2.0), 2: pytest.approx(2.0)}
+    assert occ.mean == pytest.approx(6.0 / 5.0)
+    assert occ.quantile(0.5) == 1 and occ.quantile(0.99) == 2
+    assert occ.share_above(1) == pytest.approx(0.4)
+    cut = capacity.occupancy([(0.0, 4.0)], 2.0, 3.0)
+    assert cut.seconds_at == {1: pytest.approx(1.0)}
+    with pytest.raises(ValueError):
+        capacity.occupancy([(2.0, 1.0)], 0.0, 5.0)
+
+
+def test_occupancy_of_a_simulated_run_obeys_littles_law():
+    from servelab.loadsim import poisson_jobs, simulate_server
+
+    records = simulate_server(poisson_jobs(4.0, 400.0, seed=1))
+    inside = [r for r in records if r.arrival >= 50.0 and r.finish <= 350.0]
+    occ = capacity.occupancy([(r.arrival, r.finish) for r in records], 50.0, 350.0)
+    rate = len(inside) / 300.0
+    mean_time = sum(r.finish - r.arrival for r in inside) / len(inside)
+    assert occ.mean == pytest.approx(capacity.requests_in_flight(rate, mean_time), rel=0.05)
+
+
+def test_sustained_rate_stops_at_the_first_miss():
+    assert capacity.sustained_rate([1, 2, 3, 4], [1.0, 0.99, 0.9, 0.995], 0.99) == 2
+    assert capacity.sustained_rate([3, 1, 2], [0.99, 1.0, 1.0], 0.99) == 3  # order does not matter
+    with pytest.raises(ValueError):
+        capacity.sustained_rate([1, 2], [0.5, 0.4], 0.99)
+    with pytest.raises(ValueError):
+        capacity.sustained_rate([1, 2], [1.0], 0.99)
+
+
+def test_headroom_is_the_unused_share_of_the_ceiling():
+    assert capacity.headroom(14.0, 5, 4.0) == pytest.approx(0.3)
+    assert capacity.headroom(14.0, 3, 4.0) < 0
+
+
+def test_prefill_attention_flops_grow_with_the_square_of_the_prompt():
+    linear, attention = capacity.prefill_flops(70e9, 4096, 80, 64, 128)
+    assert linear == pytest.approx(2 * 70e9 * 4096)
+    assert attention == pytest.approx(4 * 80 * 64 * 128 * 4096**2)
+    linear2, attention2 = capacity.prefill_flops(70e9, 8192, 80, 64, 128)
+    assert linear2 / linear == pytest.approx(2) and attention2 / attention == pytest.approx(4)

@@ -5,6 +5,13 @@ change the argument, and the chapter's number changes with it. Units are in each
 (decimal GB = 1e9 bytes, binary GiB = 2**30 bytes, use ``to_gb`` / ``to_gib``), FLOPs, seconds,
 milliseconds, requests/s, US dollars per month.
 
+Capacity planning reads in four steps: Little's law turns a rate and a time in system into a count
+in flight (:func:`requests_in_flight`); a per-replica ceiling measured on a load sweep
+(:func:`sustained_rate`) gives the replica count (:func:`replicas_needed`) and its
+:func:`headroom`; the distribution of the count in flight (:func:`in_flight_quantile`, checked
+against a simulated run with :func:`occupancy`) sizes the KV reservations; the cost functions turn
+replicas into dollars per 1,000 requests.
+
 System boundary: raw payload estimates for one deployment. Weight bytes exclude quantisation scales
 and runtime workspaces; KV bytes are the ideal cache payload (see ``servelab.kv``); replica counts
 come from a measured per-replica rate, not from a model of the hardware. The default rates of the
@@ -29,11 +36,17 @@ __all__ = [
     "kv_bytes_per_request",
     "flops_per_token",
     "compute_rate",
+    "prefill_flops",
     "time_to_last_token",
     "weight_read_rate",
     "peak_arrival_rate",
     "requests_in_flight",
     "in_flight_quantile",
+    "in_flight_exceedance",
+    "Occupancy",
+    "occupancy",
+    "sustained_rate",
+    "headroom",
     "ReplicaPlan",
     "replicas_needed",
     "CostBreakdown",
@@ -118,6 +131,18 @@ def compute_rate(params: float, tokens_per_second: float) -> float:
     return flops_per_token(params) * require_real("tokens_per_second", tokens_per_second, 0, strict_min=True)
 
 
+def prefill_flops(params: float, seq_len: int, n_layers: int, n_heads: int, head_dim: int) -> tuple[float, float]:
+    """(weight-matmul FLOPs, attention FLOPs) of one dense prefill of ``seq_len`` tokens.
+
+    Weights: 2 x params per token, linear in the prompt. Attention: the scores Q K^T and the weighted
+    sum of V, 2 x 2 x seq_len^2 x head_dim per query head per layer when every score is computed (a
+    causal kernel that skips the masked half does about half): quadratic in the prompt.
+    """
+    n = require_int("seq_len", seq_len, 1)
+    heads = require_int("n_layers", n_layers, 1) * require_int("n_heads", n_heads, 1)
+    return flops_per_token(params) * n, 4.0 * heads * require_int("head_dim", head_dim, 1) * n * n
+
+
 def weight_read_rate(params: float, bytes_per_param: float, tokens_per_second: float) -> float:
     """Bytes/s of weight reads for one sequence decoding ``tokens_per_second`` tokens (batch 1).
 
@@ -181,6 +206,103 @@ def in_flight_quantile(mean_in_flight: float, quantile: float) -> int:
         log_pmf += math.log(mean) - math.log(n)
         cdf += math.exp(log_pmf)
     return n
+
+
+def in_flight_exceedance(mean_in_flight: float, n: int) -> float:
+    """P(requests in flight > n) for Poisson arrivals (the count is Poisson with mean
+    ``mean_in_flight``): the share of time capacity for ``n`` requests is not enough."""
+    mean = require_real("mean_in_flight", mean_in_flight, 0, strict_min=True)
+    n = require_int("n", n, 0)
+    log_pmf, cdf = -mean, math.exp(-mean)
+    for k in range(1, n + 1):
+        log_pmf += math.log(mean) - math.log(k)
+        cdf += math.exp(log_pmf)
+    return max(0.0, 1.0 - cdf)
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """How many requests were in the system, weighted by time, over a window of ``duration_s`` s.
+
+    ``seconds_at[n]`` is the time (s) during which exactly ``n`` requests were in the system.
+    """
+
+    seconds_at: dict[int, float]
+    duration_s: float
+
+    @property
+    def mean(self) -> float:
+        """Time-average count in the system (the L of Little's law)."""
+        return sum(n * t for n, t in self.seconds_at.items()) / self.duration_s
+
+    def quantile(self, q: float) -> int:
+        """Smallest n with the count at or below n for at least a share ``q`` of the time."""
+        q = require_real("q", q, 0, 1, strict_min=True)
+        covered = 0.0
+        for n in sorted(self.seconds_at):
+            covered += self.seconds_at[n]
+            if covered >= q * self.duration_s * (1 - 1e-12):
+                return n
+        return max(self.seconds_at)
+
+    def share_above(self, n: int) -> float:
+        """Share of the time more than ``n`` requests were in the system."""
+        require_int("n", n, 0)
+        return sum(t for k, t in self.seconds_at.items() if k > n) / self.duration_s
+
+
+def occupancy(intervals: list[tuple[float, float]], start: float, end: float) -> Occupancy:
+    """Time-weighted count in the system over ``[start, end)`` s, from (arrival, finish) pairs in s.
+
+    A request counts from its arrival to its finish, queueing included; parts outside the window
+    are cut off, so a window that starts after a warm-up measures the steady state.
+    """
+    start, end = require_real("start", start), require_real("end", end)
+    if end <= start:
+        raise ValueError(f"end must be after start, got [{start}, {end})")
+    events = []
+    for arrival, finish in intervals:
+        if finish < arrival:
+            raise ValueError(f"finish {finish} is before arrival {arrival}")
+        lo, hi = max(arrival, start), min(finish, end)
+        if lo < hi:
+            events += [(lo, 1), (hi, -1)]
+    events.sort()
+    seconds_at: dict[int, float] = {}
+    count, clock = 0, start
+    for time, step in events + [(end, 0)]:
+        if time > clock:
+            seconds_at[count] = seconds_at.get(count, 0.0) + time - clock
+        count, clock = count + step, time
+    return Occupancy(seconds_at, end - start)
+
+
+def sustained_rate(rates: list[float], attainments: list[float], target: float) -> float:
+    """Highest offered rate (req/s) at which it and every lower rate of a sweep meet ``target``.
+
+    ``attainments`` are the SLO-attainment fractions measured at ``rates`` (one each); this is the
+    per-replica ceiling a plan divides by. The lowest rate must meet the target.
+    """
+    target = _fraction("target", target)
+    if not rates or len(rates) != len(attainments):
+        raise ValueError("rates and attainments must be non-empty lists of the same length")
+    pairs = sorted(zip(rates, attainments))
+    if pairs[0][1] < target:
+        raise ValueError(f"even the lowest rate {pairs[0][0]} misses the target {target}")
+    best = pairs[0][0]
+    for rate, attained in pairs:
+        if attained < target:
+            break
+        best = rate
+    return best
+
+
+def headroom(arrival_rate: float, serving: int, ceiling_rate: float) -> float:
+    """Share of the serving replicas' ceiling left unused at ``arrival_rate`` (req/s):
+    1 - arrival / (serving x ceiling). Negative means the replicas are past their ceiling."""
+    rate = require_real("arrival_rate", arrival_rate, 0)
+    n = require_int("serving", serving, 1)
+    return 1 - rate / (n * require_real("ceiling_rate", ceiling_rate, 0, strict_min=True))
 
 
 @dataclass(frozen=True)

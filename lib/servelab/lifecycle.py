@@ -122,7 +122,7 @@ STATE_TABLE: dict[RequestState, StateInfo] = {
     RequestState.QUEUED: StateInfo(
         summary="admitted with a KV reservation (bookkeeping); waits for a tick to pick it",
         guard="scheduler admission passed: KV headroom, max_num_seqs, max_batched_tokens and tenant "
-        "quota allow it, and a KV reservation for prompt miss + predicted output succeeded",
+        "quota allow it, and its KV reservation under the engine's admission rule succeeded",
         holds=(_R.KV_RESERVATION,),
         cleanup="roll back the reservation (no physical blocks exist)",
         terminal=False,

@@ -18,10 +18,11 @@ from enum import Enum
 import plotly.graph_objects as go
 
 from servelab.lifecycle import STATE_TABLE, TRANSITIONS, RequestState, StateInfo
+from servelab.reservation_rules import default_policy, default_rule
 from servelab.viz import core
 
-__all__ = ["HAPPY_PATH", "Point", "check_path", "journey_figure", "layout", "state_diagram",
-           "state_table"]
+__all__ = ["ADMISSION_STATES", "HAPPY_PATH", "Point", "check_path", "journey_figure", "layout",
+           "state_diagram", "state_guard", "state_table"]
 
 MIN_GAP = 1.0
 """Smallest horizontal distance between two states of one row."""
@@ -105,9 +106,25 @@ def _label(state: RequestState) -> str:
     return state.name.replace("_", " ")
 
 
+ADMISSION_STATES = (RequestState.QUEUED,)
+"""States entered by passing admission: their guard names the reservation rule."""
+
+
+def _guard(state: RequestState, info: StateInfo) -> str:
+    if state not in ADMISSION_STATES:
+        return info.guard
+    return f'{info.guard} (the default "{default_policy()}" rule reserves {default_rule()})'
+
+
+def state_guard(state: RequestState, table: Mapping[RequestState, StateInfo] = STATE_TABLE) -> str:
+    """The guard of ``state`` as the book shows it; an admission state's names what its reservation
+    covers, in the words of :mod:`servelab.reservation_rules` for the default ``EngineConfig``."""
+    return _guard(state, table[state])
+
+
 def _hover(state: RequestState, info: StateInfo) -> str:
     holds = ", ".join(r.name.lower() for r in info.holds) or "nothing"
-    return (f"<b>{state.name}</b><br>{info.summary}<br><i>guard:</i> {info.guard}"
+    return (f"<b>{state.name}</b><br>{info.summary}<br><i>guard:</i> {_guard(state, info)}"
             f"<br><i>holds:</i> {holds}<br><i>cleanup:</i> {info.cleanup}")
 
 
@@ -211,7 +228,7 @@ def _value(value: object) -> str:
 def state_table(table: Mapping[RequestState, StateInfo] = STATE_TABLE) -> core.Table:
     """``STATE_TABLE`` as a table: per state, its guard, what it holds, its cleanup, terminal or not."""
     rows = [
-        {"state": state.name, "guard (to enter)": info.guard, "holds": _value(info.holds),
+        {"state": state.name, "guard (to enter)": _guard(state, info), "holds": _value(info.holds),
          "cleanup (on a terminal exit)": info.cleanup, "terminal": "yes" if info.terminal else ""}
         for state, info in table.items()
     ]
