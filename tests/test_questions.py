@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 from pathlib import Path
 
@@ -359,3 +360,18 @@ def test_cli_key_out_puts_the_answer_key_in_its_own_folder(tmp_path):
     key = (tmp_path / "week1-key" / "answer-key.md").read_text()
     assert "**Rubric (5 points).**" in key and "Take off 1 point for each common mistake" in key
     assert cli(["export", "--questions", "Q6", "--out", str(tmp_path / "x"), "--key-out", str(tmp_path / "x")]) == 2
+
+
+def test_the_instructor_page_export_commands_run_as_written(tmp_path):
+    import subprocess
+    import sys
+
+    text = (ROOT / "book" / "instructor.md").read_text(encoding="utf-8")
+    block = text[text.index("## Exporting an assignment"):].split("```bash\n", 1)[1].split("```", 1)[0]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
+    run = subprocess.run(["bash", "-e", "-c", block.replace("python -m", f"{sys.executable} -m")], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    for out in ("week3", "quiz", "drill"):
+        assert not list((tmp_path / out).glob("answer-key.*")) and list((tmp_path / out).glob("assignment.*"))
+        assert list((tmp_path / f"{out}-key").glob("answer-key.*"))
