@@ -446,3 +446,53 @@ def test_the_build_exercises_are_graded(tmp_path, stem, stub, body, lost):
     assert total.case == "TOTAL" and total.max_points > 0 and not total.note
     assert lost <= {r.case for r in rows[:-1] if r.points < r.max_points}
     assert (total.points == total.max_points) == (not lost)
+
+
+def _bash_block(heading: str) -> str:
+    """The first ```bash block after ``heading`` on the instructor page."""
+    text = (ROOT / "book" / "instructor.md").read_text(encoding="utf-8")
+    after = text[text.index(heading):]
+    return after.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def _run_as_written(script: str, folder: Path) -> subprocess.CompletedProcess:
+    """Run ``script`` with bash in ``folder``, ``python`` on PATH being this interpreter."""
+    shims = folder / "bin"
+    shims.mkdir()
+    (shims / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (shims / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT / "lib"),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["bash", "-e", "-c", script], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_instructor_walkthrough_runs_as_written(tmp_path):
+    folder = tmp_path / "submissions"
+    _write(_goodput(CORRECT), folder / "smithjohn_12345_67890_ex05-goodput.ipynb")
+    _write(_goodput(IGNORES_TPOT), folder / "Alice Smith_12345_assignsubmission_file_" / "ex05-goodput.ipynb")
+    _write(_goodput(CRASHES), folder / "bob__ex05-goodput (1).ipynb")
+    (tmp_path / "roster.csv").write_text(
+        "student,name,first_name,last_name,email\nsmithjohn,\"Smith, John\",John,Smith,js@uni.edu\n"
+        "Alice Smith,\"Smith, Alice\",Alice,Smith,as@uni.edu\nbob,\"Builder, Bob\",Bob,Builder,bb@uni.edu\n"
+        "amy,\"Absent, Amy\",Amy,Absent,aa@uni.edu\n", encoding="utf-8")
+    run = _run_as_written(_bash_block("### A cohort from export to LMS upload"), tmp_path)
+    assert run.returncode == 0, run.stderr + run.stdout
+    canvas = {r[0]: r for r in csv.reader((tmp_path / "canvas.csv").open(encoding="utf-8"))}
+    assert canvas["Smith, John"][-1] == "8" and canvas["Absent, Amy"][-1] == "0"
+    assert canvas["Builder, Bob"][-1] == "0" and 0 < int(canvas["Smith, Alice"][-1]) < 8
+    moodle = list(csv.reader((tmp_path / "moodle.csv").open(encoding="utf-8")))
+    assert ["Amy", "Absent", "", "aa@uni.edu", "0", "0"] in moodle
+    assert {p.name for p in (tmp_path / "feedback").iterdir()} == {"smithjohn.md", "Alice_Smith.md", "bob.md",
+                                                                   "amy.md"}
+    assert "path" in (tmp_path / "grades-long.csv").read_text(encoding="utf-8").splitlines()[0]
+
+
+def test_the_page_s_rubric_example_matches_the_bank():
+    from servelab.questions import load_bank
+
+    text = (ROOT / "book" / "instructor.md").read_text(encoding="utf-8")
+    q6 = next(q for q in load_bank().questions if q.id == "Q6")
+    assert "Q6 (the exact support sets) is worth 5: 2 for" in text
+    assert q6.rubric.max_points == 5 and [p for p, _ in q6.rubric.ideas] == [2, 2, 1]
+    assert q6.rubric.mistake_points == 1 and "strictly below" in q6.answer.mistakes[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 from pathlib import Path
 
@@ -368,3 +369,18 @@ def test_design_states_both_reservation_counts_and_what_each_assumes():
     assert values["KV for 46 reservations"][0] == "64.69 GiB"
     changed = {q for q, _, _ in design_rows(solve_design(DesignAssumptions(stated_reservations=50)))}
     assert "As stated: KV for 50 reservations" in changed
+
+
+def test_the_instructor_page_export_commands_run_as_written(tmp_path):
+    import subprocess
+    import sys
+
+    text = (ROOT / "book" / "instructor.md").read_text(encoding="utf-8")
+    block = text[text.index("## Exporting an assignment"):].split("```bash\n", 1)[1].split("```", 1)[0]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
+    run = subprocess.run(["bash", "-e", "-c", block.replace("python -m", f"{sys.executable} -m")], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    for out in ("week3", "quiz", "drill"):
+        assert not list((tmp_path / out).glob("answer-key.*")) and list((tmp_path / out).glob("assignment.*"))
+        assert list((tmp_path / f"{out}-key").glob("answer-key.*"))

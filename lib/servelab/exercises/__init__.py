@@ -5,9 +5,11 @@ reference built on the library, prints one line per case (the rule it tests, the
 failure what went in, what came out, what was expected and the steps that led there), and returns a
 :class:`CheckResult` (``.passed``, ``.failures``, ``.points``, ``.max_points``, ``.not_implemented``).
 A checker never raises: the stub shipped in a notebook raises ``NotImplementedError``, which is
-reported as "not implemented yet". The reference solutions live in the checkers' private module and
-are not exported here. ``python -m servelab.exercises grade SUBMISSIONS_DIR --out grades.csv``
-executes every student's notebooks and writes the points per exercise and per case.
+reported as "not implemented yet". ``seed=None`` runs the public cases; ``seed=N`` the hidden cases
+the grader draws from an instructor's secret seed (:mod:`servelab.exercises.hidden`). The reference
+solutions live in the checkers' private module and are not exported here.
+``SERVELAB_GRADE_SEED=N python -m servelab.exercises grade SUBMISSIONS_DIR --out grades.csv`` calls every
+student's code in an isolated worker on the hidden cases (:mod:`servelab.exercises.grade`).
 
 ========================  ================================================  ==================================
 checker                   student writes                                    reference built on

@@ -116,11 +116,14 @@ def _refusal_zeroes(rows: list[CaseGrade]) -> list[CaseGrade]:
 
 
 def grade_notebook(path: str | Path, student: str, seed: int, limits: Limits = Limits(),
-                   lms_id: str = "") -> list[CaseGrade]:
-    """Grade one notebook on the hidden cases of ``seed``: one row per case plus the exercise's TOTAL row."""
+                   lms_id: str = "", stem: str | None = None) -> list[CaseGrade]:
+    """Grade one notebook on the hidden cases of ``seed``: one row per case plus the exercise's TOTAL row.
+
+    ``stem`` names the exercise (default: the exercise stem found in the file name).
+    """
     path = Path(path)
     require_int("seed", seed, 0)
-    exercise = exercise_for(next((s for s in EXERCISES if s in path.name), path.stem.split("__")[-1]))
+    exercise = exercise_for(stem or next((s for s in EXERCISES if s in path.name), path.stem.split("__")[-1]))
     names = tuple(n for _, ns in exercise.checks for n in ns)
     crash = ""
     try:
@@ -156,12 +159,13 @@ def grade_submissions(folder: str | Path, seed: int, limits: Limits = Limits(), 
     Returns once every process any submission started is gone.
     """
     require_int("jobs", jobs, 1)
+    require_int("seed", seed, 0)
     found, skipped = find_submissions(folder)
     if not found:
         raise ValueError(f"no exercise notebook ({', '.join(sorted(EXERCISES))}) under {folder}")
     with reaping() as before:
         def one(sub: Submission) -> list[CaseGrade]:
-            rows = grade_notebook(sub.path, sub.student, seed, limits, sub.lms_id)
+            rows = grade_notebook(sub.path, sub.student, seed, limits, sub.lms_id, sub.stem)
             with sandbox.SPAWN_LOCK:
                 sweep(before | sandbox.LIVE)
             return rows

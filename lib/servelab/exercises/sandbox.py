@@ -114,6 +114,11 @@ class Worker:
                 cwd=self._folder.name, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
                 pass_fds=(to_worker, to_grader), start_new_session=True)
             LIVE.add(self._process.pid)
+        except BaseException:
+            os.close(from_grader)
+            os.close(from_worker)
+            self._folder.cleanup()
+            raise
         finally:
             SPAWN_LOCK.release()
             os.close(to_worker)
