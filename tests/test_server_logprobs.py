@@ -207,3 +207,16 @@ def test_bad_logprob_fields_get_a_400_naming_them(server, path, body, needle):
     status, text = post(server, path, {"model": MODEL} | body)
     error = json.loads(text)["error"]
     assert status == 400 and needle in error["message"]
+
+
+def test_chat_stream_carries_the_same_logprobs_per_chunk(server):
+    body = {"messages": [{"role": "user", "content": "Romeo?"}], "max_tokens": 5, "logprobs": True,
+            "top_logprobs": 2, "stop": ["@@"]}
+    status, text = post(server, "/chat/completions", {"model": MODEL, "temperature": 0} | body)
+    full = json.loads(text)["choices"][0]["logprobs"]["content"]
+    status, text = post(server, "/chat/completions", {"model": MODEL, "temperature": 0, "stream": True} | body)
+    chunks = [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: {")]
+    streamed = [entry for c in chunks if c["choices"][0]["logprobs"] for entry in c["choices"][0]["logprobs"]["content"]]
+    assert status == 200 and len(streamed) == len(full) == 5
+    assert [e["token"] for e in streamed] == [e["token"] for e in full]
+    assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(streamed, full)) < 1e-9

@@ -201,6 +201,8 @@ def test_openai_client_response_format_and_guided_fields(server):
     ({"guided_regex": "(ab"}, "guided_regex", "cannot be compiled"),
     ({"guided_choice": "ROMEO"}, "guided_choice", "non-empty list"),
     ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_regex", "at most one of"),
+    ({"guided_choice": ["a"], "ignore_eos": True}, "ignore_eos", "cannot be combined"),
+    ({"guided_json": "{not json"}, "guided_json", "not JSON"),
 ])
 def test_bad_grammars_get_a_400_naming_the_field(server, body, param, needle):
     status, answer = post(server, "/chat/completions", {"messages": [{"role": "user", "content": "x"}]} | body)

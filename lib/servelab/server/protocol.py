@@ -424,7 +424,11 @@ def parse_request(body: object, chat: bool, config: ServerConfig, vocab_size: in
     course_chat = chat and chat_template is None
     logprobs, echo = _logprobs(body, chat)
     params = _sampling_params(body, chat, config, vocab_size, course_chat, logprobs, echo)
+    grammar, grammar_param = _grammar(body)
+    if grammar is not None and params.ignore_eos:
+        raise bad(f"ignore_eos cannot be combined with {grammar_param}: once the grammar is complete only the "
+                  "end-of-sequence token is allowed", "ignore_eos")
     return ParsedRequest(prompts, params, given, _flag(body, "stream", False),
                          _flag(stream_options, "include_usage", False),
                          _number(body, "deadline_s", config.request_timeout_s, 1e-3, config.request_timeout_s),
-                         logprobs, echo, echo and body.get("max_tokens") == 0, *_grammar(body))
+                         logprobs, echo, echo and body.get("max_tokens") == 0, grammar, grammar_param)
