@@ -2,6 +2,8 @@
 // textBoxOverlaps(plot): pairs of text boxes of one plotly figure whose rectangles intersect:
 //   the legend, the slider's current-value label, the slider's step labels (as one box), every
 //   annotation, the figure title and the axis titles.
+// tickOrder(plot): axes whose tick labels, read in the order drawn, are not monotone in value
+//   (plotly's minor log labels "2 5 2 100" are what this catches).
 // overflowingElements(column): elements that stick out of the reading column without a scrolling
 //   ancestor inside it to hold them.
 (() => {
@@ -42,6 +44,24 @@
     for (let i = 0; i < bs.length; i++)
       for (let j = i + 1; j < bs.length; j++)
         if (overlap(bs[i].r, bs[j].r, tol)) hits.push(`${bs[i].name} overlaps ${bs[j].name}`);
+    return hits;
+  };
+  const SI = {k: 1e3, M: 1e6, G: 1e9, T: 1e12, m: 1e-3, 'µ': 1e-6, n: 1e-9};
+  function tickValue(label) {
+    const s = label.replace(/[−–]/g, '-').replace(/[,\s]/g, '').replace(/%$/, '');
+    const m = s.match(/^(-?\d*\.?\d+(?:e[-+]?\d+)?)([kMGTmµn]?)$/);
+    return m ? parseFloat(m[1]) * (m[2] ? SI[m[2]] : 1) : null;
+  }
+  window.servelabTickOrder = (plot) => {
+    const hits = [];
+    plot.querySelectorAll('g.xaxislayer-above, g.yaxislayer-above').forEach((layer, i) => {
+      const labels = [...layer.querySelectorAll('text')].map(t => t.textContent.trim()).filter(Boolean);
+      const values = labels.map(tickValue);
+      if (labels.length < 3 || values.some(v => v === null)) return;  // a category or date axis
+      const steps = values.slice(1).map((v, k) => Math.sign(v - values[k])).filter(d => d !== 0);
+      if (steps.some(d => d !== steps[0]))
+        hits.push(`axis ${i} (${layer.getAttribute('class')}): ${labels.join(' ')}`);
+    });
     return hits;
   };
   function scrollsX(el) {

@@ -94,6 +94,11 @@ def _overlaps(page, index: int) -> list[str]:
         "(i) => window.servelabTextBoxOverlaps(document.querySelectorAll('.js-plotly-plot')[i])", index)
 
 
+def _tick_order(page, index: int) -> list[str]:
+    return page.evaluate(
+        "(i) => window.servelabTickOrder(document.querySelectorAll('.js-plotly-plot')[i])", index)
+
+
 def _column_overflow(page) -> list[str]:
     return page.evaluate(
         "() => { const c = document.querySelector('article.bd-article') || document.querySelector('main');"
@@ -148,6 +153,7 @@ def test_page(page_path: str, base_url: str, browser, screenshot_dir) -> None:
         page.add_script_tag(path=str(LAYOUT_CHECKS))
         overlapping = [f"figure {i} (as drawn): {hit}" for i in range(n_plots) for hit in _overlaps(page, i)]
         too_wide = _column_overflow(page)
+        disordered = [f"figure {i}: {hit}" for i in range(n_plots) for hit in _tick_order(page, i)]
         page.evaluate("window.scrollTo(0, 0)")
         stem = page_path.replace("/", "__").removesuffix(".html")
         page.screenshot(path=str(screenshot_dir / f"{stem}.png"), full_page=True)  # default frames
@@ -176,6 +182,7 @@ def test_page(page_path: str, base_url: str, browser, screenshot_dir) -> None:
         "sliders that did not change their figure": unchanged,
         "text boxes of a figure that overlap": overlapping,
         "elements wider than the reading column": too_wide,
+        "tick labels not in order of value": disordered,
         "does not print on exactly one page": [f"{sheets} pages"] if sheets != 1 else [],
         "outputs shown as text instead of drawn":
             [m for m in DEAD_OUTPUT_MARKERS if m in body_text],
@@ -215,3 +222,31 @@ def test_layout_checks_catch_overlaps_and_overflow(browser) -> None:
         page.close()
     assert any("legend" in h and "slider" in h for h in hits), hits
     assert any(h.startswith("pre") for h in wide), wide
+
+
+def test_tick_order_check_catches_minor_log_labels(browser) -> None:
+    """plotly's own log labels ("2 5 2 100") fail the tick check; the course's decade labels pass."""
+    import json
+    from pathlib import Path
+
+    import plotly
+    import plotly.graph_objects as go
+
+    from servelab.viz.ticks import label_log_axes
+
+    plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    spec = {"data": [{"x": [3, 40, 900], "y": [1, 2, 3]}], "layout": {"xaxis": {"type": "log"}}}
+    fixed = label_log_axes(json.loads(go.Figure(spec).to_json()))
+    page = browser.new_page()
+    try:
+        page.set_content('<div id="a" style="width:600px;height:300px"></div>'
+                         '<div id="b" style="width:600px;height:300px"></div>')
+        page.add_script_tag(path=str(plotly_js))
+        page.evaluate("(s) => Plotly.newPlot('a', s.data, s.layout)", spec)
+        page.evaluate("(s) => Plotly.newPlot('b', s.data, s.layout)", fixed)
+        page.add_script_tag(path=str(LAYOUT_CHECKS))
+        plain, labelled = _tick_order(page, 0), _tick_order(page, 1)
+    finally:
+        page.close()
+    assert plain and "xaxislayer" in plain[0], plain
+    assert not labelled, labelled

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from servelab import prose
 from servelab.cluster import (
     Accelerator,
     AdapterSimResult,
@@ -88,8 +89,8 @@ def pipeline_figure(stages: int, microbatches: int) -> go.Figure:
     bubble = pp_bubble_fraction(stages, microbatches)
     fig.update_layout(height=80 + 55 * stages, xaxis_title="time slot (one stage's forward of one micro-batch)",
                       yaxis_autorange="reversed",
-                      title=f"p={stages} stages, m={microbatches} micro-batches: bubble "
-                            f"(p-1)/(m+p-1) = {bubble:.1%}")
+                      title=f"{prose.count(stages, 'stage')} (p), {prose.count(microbatches, 'micro-batch', 'micro-batches')}"
+                            f" (m): bubble (p - 1) / (m + p - 1) = {bubble:.1%}")
     return fig
 
 

@@ -32,6 +32,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.utils import PlotlyJSONEncoder
 
+from servelab.viz.ticks import label_log_axes
+
 __all__ = [
     "FigureOutput",
     "LiveControls",
@@ -100,7 +102,7 @@ def figure_html(fig: go.Figure, *, height: int | None = None) -> str:
     _check_figure(fig)
     if height is not None and height <= 0:
         raise ValueError(f"height must be positive, got {height}")
-    spec = json.loads(pio.to_json(fig, validate=True))
+    spec = label_log_axes(json.loads(pio.to_json(fig, validate=True)))
     spec["config"] = {"responsive": True, "displaylogo": False}
     layout = spec.setdefault("layout", {})
     if not (layout.get("title") or {}).get("text") and "t" not in (layout.get("margin") or {}):

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from servelab import prose
 from servelab.batching import IterationTrace, TickRecord
 from servelab.engine.trace import StepRecord
 from servelab.viz.core import Table, table
@@ -147,7 +148,7 @@ def engine_gantt_figure(runs: Mapping[str, Sequence[StepRecord]], *, unit_ms: bo
             width = rec.duration * 1e3 if unit_ms else 1
             for kind, counts in (("prefill", rec.prefill_tokens), ("decode", rec.decode_tokens)):
                 for n, count in counts.items():
-                    cells[kind][n].append((start, width, f"{n}, step {rec.step}: {count} {kind} token(s), "
+                    cells[kind][n].append((start, width, f"{n}, step {rec.step}: {prose.count(count, f'{kind} token')}, "
                                                          f"batch of {rec.num_batched_tokens}"))
         _cell_bars(fig, cells["prefill"], PREFILL_COLOR, "prefill", row, row == 1)
         _cell_bars(fig, cells["decode"], DECODE_COLOR, "decode", row, row == 1)
