@@ -189,7 +189,7 @@ def test_stop_string_across_tokens_and_streaming(model, tokenizer):
     stopped = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop=(stop,))
     out = engine.generate([prompt], stopped)[0]
     assert out.finish_reason == "stop" and out.text == expected
-    assert out.usage.emitted < out.usage.generated  # the ids carrying the stop string are not handed out
+    assert out.usage.emitted_tokens < out.usage.generated_tokens  # the ids carrying the stop string are not handed out
     assert tokenizer.decode(list(out.token_ids)).startswith(expected)
     assert "".join(engine.stream(prompt, stopped)) == expected
     stream = engine.stream(prompt, params)
@@ -215,12 +215,12 @@ def test_finish_reasons_usage_and_timing(model, tokenizer):
     finals = {}
     while engine.has_unfinished():
         finals.update({o.request_id: o for o in engine.step() if o.finished})
-    assert finals[length].finish_reason == "length" and finals[length].usage.generated == 40 - len(long)
+    assert finals[length].finish_reason == "length" and finals[length].usage.generated_tokens == 40 - len(long)
     assert finals[late].finish_reason == "timed_out"
     assert finals[waiting].finish_reason == "cancelled" and finals[waiting].timing is None
     done = finals[length]
-    assert done.usage.emitted == done.usage.generated and done.usage.committed == 39
-    assert done.timing.ttft > 0 and len(done.timing.itl) == done.usage.emitted - 1
+    assert done.usage.emitted_tokens == done.usage.generated_tokens and done.usage.committed_tokens == 39
+    assert done.timing.ttft > 0 and len(done.timing.itl) == done.usage.emitted_tokens - 1
     states = {r.request_id: r.state for r in engine.ledger.records}
     assert states == {length: RequestState.FINISHED, late: RequestState.TIMED_OUT, waiting: RequestState.CANCELLED}
     assert engine.cancel(waiting) is False
@@ -411,7 +411,7 @@ def decoding_pair(engine: LLMEngine, params: SamplingParams) -> tuple[str, str]:
     ids = engine.add_request(make_prompts(14, 1)[0], params), engine.add_request(make_prompts(15, 1)[0], params)
     for _ in range(3):
         engine.step()
-    assert all(engine._requests[i].lifecycle.state is RequestState.DECODE for i in ids)
+    assert all(engine.state(i) is RequestState.DECODE for i in ids)
     return ids
 
 
@@ -420,7 +420,7 @@ def test_paused_request_keeps_its_blocks_and_resumes_exactly(model, tokenizer):
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     paused, other = decoding_pair(engine, params)
     assert engine.pause(paused) is True
-    assert engine._requests[paused].lifecycle.state is RequestState.BACKPRESSURED
+    assert engine.state(paused) is RequestState.BACKPRESSURED
     table, held = engine.allocator.block_table(paused), engine.allocator.num_tokens(paused)
     slots = engine.slots.in_use
     other_before = len(engine._requests[other].seq.output_ids)
@@ -434,7 +434,7 @@ def test_paused_request_keeps_its_blocks_and_resumes_exactly(model, tokenizer):
     assert not any(paused in r.decode_tokens or paused in r.prefill_tokens for r in records)
     assert len(engine._requests[other].seq.output_ids) == other_before + 5
     assert engine.resume(paused) is True
-    assert engine._requests[paused].lifecycle.state is RequestState.DECODE
+    assert engine.state(paused) is RequestState.DECODE
     finals = {}
     while engine.has_unfinished():
         finals.update({o.request_id: o for o in engine.step() if o.finished})
@@ -449,7 +449,7 @@ def test_paused_waiting_request_is_neither_admitted_nor_failed(model, tokenizer)
     engine.pause(queued)
     for _ in range(3):
         assert engine.step() == []
-    assert engine.allocator.num_used_blocks == 0 and engine._requests[queued].lifecycle.state is RequestState.QUEUED
+    assert engine.allocator.num_used_blocks == 0 and engine.state(queued) is RequestState.VALIDATED
     engine.resume(queued)
     finals = []
     while engine.has_unfinished():
@@ -553,10 +553,10 @@ def test_greedy_parallel_samples_all_match_reference(model, tokenizer, overrides
         assert [s.index for s in out.samples] == [0, 1, 2] and all(s.finished for s in out.samples)
         assert sample_ids(out) == [expected_ids(model, prompt)] * 3, f"request r{i}"
         assert list(out.token_ids) == expected_ids(model, prompt) and out.text == out.samples[0].text
-        assert out.usage.generated == sum(len(s.token_ids) + (s.finish_reason == "eos") for s in out.samples)
+        assert out.usage.generated_tokens == sum(len(s.token_ids) + (s.finish_reason == "eos") for s in out.samples)
         assert out.usage.prompt_tokens == len(prompt)
     assert_clean(engine, len(prompts))
-    assert all(r.usage.generated_tokens == finals[r.request_id].usage.generated for r in engine.ledger.records)
+    assert all(r.usage.generated_tokens == finals[r.request_id].usage.generated_tokens for r in engine.ledger.records)
 
 
 def test_single_sample_output_has_no_samples(model, tokenizer):
@@ -574,7 +574,7 @@ def test_seeded_parallel_sample_i_equals_a_single_request_seeded_seed_plus_i(mod
     singles = alone.generate([prompt] * 4, [dataclasses.replace(seeded, n=1, seed=40 + i) for i in range(4)])
     assert sample_ids(out) == [list(s.token_ids) for s in singles]
     assert len({tuple(ids) for ids in sample_ids(out)}) > 1  # really different samples
-    assert out.usage.generated == 4 * 12 and out.finish_reason == "length"
+    assert out.usage.generated_tokens == 4 * 12 and out.finish_reason == "length"
     assert_clean(engine, 2)
 
 
@@ -587,7 +587,7 @@ def test_parallel_samples_share_the_prompt_blocks(model, tokenizer):
                        request_id="b")
     for _ in range(4):  # prefill + fork, then a few decode steps
         engine.step()
-    seqs = [s.seq for s in engine._requests["b"].samples]
+    seqs = engine._requests["b"].seqs
     assert all(len(seq.output_ids) == 4 for seq in seqs)
     tables = [engine.allocator.block_table(seq.seq_id) for seq in seqs]
     assert tables[0][:2] == tables[1][:2] == tables[2][:2]
@@ -613,7 +613,7 @@ def test_cancelling_a_parallel_request_mid_decode_frees_every_sample(model, toke
     assert final.finished and final.finish_reason == "cancelled"
     assert [s.finish_reason for s in final.samples] == ["cancelled"] * 3
     record = engine.ledger.records[0]
-    assert record.slots_released == 3 and record.usage.generated_tokens == final.usage.generated == 3 * 3
+    assert record.slots_released == 3 and record.usage.generated_tokens == final.usage.generated_tokens == 3 * 3
     assert_clean(engine, 1)
 
 

@@ -163,7 +163,7 @@ def test_constructor_validates():
 def test_prompt_allocation_and_free():
     a = BlockAllocator(8, 4)
     res = a.allocate_prompt("s", range(10))
-    assert res.num_cached_tokens == 0 and res.copies == ()
+    assert res.cached_prompt_tokens == 0 and res.copies == ()
     assert len(a.block_table("s")) == 3
     assert a.num_tokens("s") == 10
     assert a.num_used_blocks == 3 and a.num_free_blocks == 5
@@ -234,7 +234,7 @@ def test_prefix_sharing_by_exact_token_match_four_to_three():
     a = BlockAllocator(16, 4)
     a.allocate_prompt("a", [10, 11, 12, 13, 20, 21])
     hit = a.allocate_prompt("b", [10, 11, 12, 13, 30, 31, 32])
-    assert hit.num_cached_tokens == 4 and hit.copies == ()
+    assert hit.cached_prompt_tokens == 4 and hit.copies == ()
     assert a.block_table("a")[0] == a.block_table("b")[0]
     assert a.num_used_blocks == 3
     a.check_invariants()
@@ -244,7 +244,7 @@ def test_sub_block_overlap_gets_no_hit():
     a = BlockAllocator(16, 4)
     a.allocate_prompt("a", [1, 2, 3, 9, 9])
     assert a.lookup_prefix([1, 2, 3, 8, 8]) == 0
-    assert a.allocate_prompt("b", [1, 2, 3, 8, 8]).num_cached_tokens == 0
+    assert a.allocate_prompt("b", [1, 2, 3, 8, 8]).cached_prompt_tokens == 0
     assert a.num_used_blocks == 4
 
 
@@ -255,7 +255,7 @@ def test_full_hit_caps_cached_tokens_and_copies_last_block():
     first, second = a.block_table("a")
     assert a.lookup_prefix(prompt) == 7
     res = a.allocate_prompt("b", prompt)
-    assert res.num_cached_tokens == 7
+    assert res.cached_prompt_tokens == 7
     assert len(res.copies) == 1 and res.copies[0].src == second
     b_first, b_second = a.block_table("b")
     assert b_first == first and b_second == res.copies[0].dst != second
@@ -296,7 +296,7 @@ def test_namespaces_never_share():
     a.allocate_prompt("a", prompt, namespace="tenant-a")
     assert a.lookup_prefix(prompt, namespace="tenant-b") == 0
     res = a.allocate_prompt("b", prompt, namespace="tenant-b")
-    assert res.num_cached_tokens == 0
+    assert res.cached_prompt_tokens == 0
     assert not set(a.block_table("a")) & set(a.block_table("b"))
     assert a.lookup_prefix(prompt, namespace="tenant-a") == 8
 
@@ -305,7 +305,7 @@ def test_prefix_caching_disabled_never_matches():
     a = BlockAllocator(16, 4, enable_prefix_caching=False)
     a.allocate_prompt("a", list(range(8)))
     assert a.lookup_prefix(list(range(8))) == 0
-    assert a.allocate_prompt("b", list(range(8))).num_cached_tokens == 0
+    assert a.allocate_prompt("b", list(range(8))).cached_prompt_tokens == 0
     assert a.num_used_blocks == 4
     a.check_invariants()
 
@@ -338,7 +338,7 @@ def test_free_list_reuses_uncached_blocks_first_then_least_recently_freed():
     assert a.lookup_prefix([1, 1, 1]) == 0
     a.free("w")
     res = a.allocate_prompt("y", [2, 2, 9])  # revives the cached free block
-    assert res.num_cached_tokens == 2 and a.block_table("y")[0] == new_full
+    assert res.cached_prompt_tokens == 2 and a.block_table("y")[0] == new_full
     assert a.refcount(new_full) == 1
     a.check_invariants()
 
@@ -416,7 +416,7 @@ def test_num_blocks_to_allocate_counts_a_free_copy_on_write_source():
         assert a.reserve("b", need) is fits  # a successful reserve guarantees the allocation
         if fits:
             allocation = a.allocate_prompt("b", prompt)
-            assert allocation.num_cached_tokens == 7 and len(allocation.copies) == 1
+            assert allocation.cached_prompt_tokens == 7 and len(allocation.copies) == 1
         else:
             with pytest.raises(OutOfBlocks):
                 a.allocate_prompt("b", prompt)
@@ -578,11 +578,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         except OutOfBlocks:
             assert self.alloc.snapshot() == before
             return
-        assert res.num_cached_tokens == expected_hit <= len(tokens) - 1
+        assert res.cached_prompt_tokens == expected_hit <= len(tokens) - 1
         assert self.alloc.num_tokens(seq_id) == len(tokens)
         self.tokens[seq_id] = (ns, list(tokens))
         self._apply(res.copies)
-        self._write(seq_id, res.num_cached_tokens)
+        self._write(seq_id, res.cached_prompt_tokens)
         if seq_id not in self.live:
             self.live.append(seq_id)
 

@@ -66,23 +66,26 @@ class BlockCopy:
 
 @dataclass(frozen=True)
 class PromptAllocation:
-    """Result of ``allocate_prompt``: ``num_cached_tokens`` prompt tokens already have KV (a prefix hit,
+    """Result of ``allocate_prompt``: ``cached_prompt_tokens`` prompt tokens already have KV (a prefix hit,
     full blocks, at most ``len(prompt) - 1``); apply ``copies`` before computing the rest."""
 
-    num_cached_tokens: int
+    cached_prompt_tokens: int
     copies: tuple[BlockCopy, ...]
 
 
 @dataclass
 class _BlockTable:
-    """The allocator's record of one sequence: its block table and the keys of its full blocks.
-    ``tokens`` is None when the ids are unknown (restore without ids); ``full_keys[:num_published]``
-    have been offered to the prefix cache."""
+    """The allocator's record of one sequence: its block ids and the chain keys of its full blocks.
+
+    It keeps no copy of the sequence's tokens: ``tail`` holds only the ids written into the partially
+    filled last block (fewer than ``block_size``), what the key of that block needs once it fills;
+    None when the ids are unknown (restore without ids), and then the sequence feeds no cache.
+    ``full_keys[:num_published]`` have been offered to the prefix cache."""
 
     table: list[int]
     num_tokens: int
     namespace: str
-    tokens: list[int] | None
+    tail: list[int] | None
     full_keys: list[bytes]
     num_published: int = 0
 
@@ -119,10 +122,10 @@ class BlockAllocator(BlockPoolInspection):
     >>> alloc.reserve("a", 3)  # admission: bookkeeping only
     True
     >>> alloc.allocate_prompt("a", [1, 2, 3, 4, 5, 6])  # a tick picks it: 2 blocks from the reservation
-    PromptAllocation(num_cached_tokens=0, copies=())
+    PromptAllocation(cached_prompt_tokens=0, copies=())
     >>> alloc.append_tokens("a", [7])  # a slot for the next token's KV; fits the tail block
     ()
-    >>> alloc.allocate_prompt("b", [1, 2, 3, 4, 9]).num_cached_tokens  # first block is a prefix hit
+    >>> alloc.allocate_prompt("b", [1, 2, 3, 4, 9]).cached_prompt_tokens  # first block is a prefix hit
     4
     >>> alloc.refcount(alloc.block_table("a")[0]), alloc.num_used_blocks, alloc.num_reserved_blocks
     (2, 3, 1)
@@ -194,7 +197,7 @@ class BlockAllocator(BlockPoolInspection):
     def allocate_prompt(self, seq_id: Hashable, token_ids: Sequence[int], namespace: str = "") -> PromptAllocation:
         """Create ``seq_id``'s block table with slots for the whole prompt, reusing cached prefix blocks.
 
-        Cached full prompt blocks are shared (refcount + 1, reviving free ones); ``num_cached_tokens`` is
+        Cached full prompt blocks are shared (refcount + 1, reviving free ones); ``cached_prompt_tokens`` is
         capped at ``len(token_ids) - 1``, and when the cap falls inside the last matched block that block
         is copied on write (``BlockCopy`` returned) so the last token can be recomputed. Fresh blocks come
         from the reservation first, then the headroom; full blocks are then registered in the cache.
@@ -270,7 +273,7 @@ class BlockAllocator(BlockPoolInspection):
         for block in parent.table:
             self._incref(block)
         self._seqs[child_id] = _BlockTable(list(parent.table), parent.num_tokens, parent.namespace,
-                                           None if parent.tokens is None else list(parent.tokens),
+                                           None if parent.tail is None else list(parent.tail),
                                            list(parent.full_keys), parent.num_published)
 
     def restore(self, seq_id: Hashable, num_tokens: int, token_ids: Sequence[int] | None = None,
@@ -424,22 +427,24 @@ class BlockAllocator(BlockPoolInspection):
         count = tokens if isinstance(tokens, int) else len(tokens)
         start = seq.num_tokens
         seq.num_tokens += count
-        if seq.tokens is not None and not isinstance(tokens, int):
-            seq.tokens.extend(tokens)
         for i in range(start // self._block_size, blocks_for(seq.num_tokens, self._block_size)):
             block = seq.table[i]
             filled = min(self._block_size, seq.num_tokens - i * self._block_size)
             self._num_filled[block] = max(self._num_filled[block], filled)
-            if filled == self._block_size:
-                self._register_full(seq, i)
+        if seq.tail is None or isinstance(tokens, int):
+            seq.tail = None  # ids unknown: this sequence no longer feeds the cache
+            return
+        pending = seq.tail + list(tokens)
+        full = len(pending) // self._block_size * self._block_size
+        for lo in range(0, full, self._block_size):
+            self._register_full(seq, pending[lo:lo + self._block_size])
+        seq.tail = pending[full:]
 
-    def _register_full(self, seq: _BlockTable, index: int) -> None:
-        """Extend the sequence's key chain by its full block ``index``; publish it unless deferred."""
-        if seq.tokens is None or len(seq.full_keys) != index:
-            return  # ids unknown, or the chain broke earlier: this sequence no longer feeds the cache
-        lo = index * self._block_size
+    def _register_full(self, seq: _BlockTable, block_tokens: list[int]) -> None:
+        """Extend the sequence's key chain by the block that ``block_tokens`` just filled; publish it
+        unless deferred."""
         parent = seq.full_keys[-1] if seq.full_keys else None
-        seq.full_keys.append(prefix_block_key(parent, seq.tokens[lo : lo + self._block_size], seq.namespace))
+        seq.full_keys.append(prefix_block_key(parent, block_tokens, seq.namespace))
         if not self._cache_on_compute:
             self._publish(seq, len(seq.full_keys))
 

@@ -163,7 +163,8 @@ class BlockPoolInspection:
                 expected = min(size, seq.num_tokens - i * size)
                 assert self._num_filled[block] >= expected, (
                     f"block {block} of seq {seq_id!r} holds {self._num_filled[block]} < {expected} slots")
-            if seq.tokens is not None:
-                assert len(seq.tokens) == seq.num_tokens, f"seq {seq_id!r} token count mismatch"
+            if seq.tail is not None:
+                assert len(seq.tail) == seq.num_tokens % size, f"seq {seq_id!r} tail token count mismatch"
+                assert len(seq.full_keys) == seq.num_tokens // size, f"seq {seq_id!r} key chain is short"
             assert seq.num_published <= len(seq.full_keys) <= seq.num_tokens // size
         return refs

@@ -219,7 +219,8 @@ _EVICT = frozenset({_S.PREEMPTED, _S.SWAPPED})
 
 TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     _S.ARRIVED: frozenset({_S.VALIDATED, _S.REJECTED, _S.CANCELLED, _S.FAILED}),
-    _S.VALIDATED: frozenset({_S.QUEUED, _S.DEGRADED, _S.REJECTED, _S.CANCELLED, _S.FAILED}),
+    # VALIDATED -> TIMED_OUT: a deadline that passes before admission (the engine's waiting queue)
+    _S.VALIDATED: frozenset({_S.QUEUED, _S.DEGRADED, _S.REJECTED}) | _ABORT,
     _S.QUEUED: frozenset({_S.PREFILL}) | _ABORT,
     _S.DEGRADED: frozenset({_S.PREFILL}) | _ABORT,
     # PREFILL -> FINISHED: the first token, sampled from the last prefill pass, already met a stop
@@ -388,17 +389,25 @@ class SlotPool:
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts for billing. ``generated`` tokens were sampled; ``emitted`` ones reached the client.
+    """Token counts of one request (tokens): the billing record, and the engine's per-output totals.
 
-    They differ when text after a stop string is discarded or a stream is cut, so a record states both.
+    ``generated_tokens`` were sampled; ``emitted_tokens`` reached the client. They differ when text
+    after a stop string is discarded or a stream is cut (an EOS token, tokens inside or after a matched
+    stop string, text held back when a request is cancelled), so a record states both.
+    ``cached_prompt_tokens``: prompt tokens a prefix-cache hit supplied. ``committed_tokens``: tokens
+    whose KV the cache holds for the request (prompt + generated - 1 in steady decode; 0 after a
+    preemption by recompute until it is prefilled again; at the end, what it held just before release).
     """
 
     prompt_tokens: int = 0
     generated_tokens: int = 0
     emitted_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    committed_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("prompt_tokens", "generated_tokens", "emitted_tokens"):
+        for name in ("prompt_tokens", "generated_tokens", "emitted_tokens", "cached_prompt_tokens",
+                     "committed_tokens"):
             require_int(name, getattr(self, name), 0)
         if self.emitted_tokens > self.generated_tokens:
             raise ValueError(
@@ -428,7 +437,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self._records: list[TerminalRecord] = []
-        self._ids: set[Hashable] = set()
+        self._by_id: dict[Hashable, TerminalRecord] = {}
         self._lock = threading.Lock()
 
     def append(self, record: TerminalRecord) -> None:
@@ -436,14 +445,21 @@ class Ledger:
         if not isinstance(record, TerminalRecord):
             raise TypeError(f"record must be a TerminalRecord, got {type(record).__name__}")
         with self._lock:
-            if record.request_id in self._ids:
+            if record.request_id in self._by_id:
                 raise ValueError(f"request_id {record.request_id!r} already has a terminal record")
-            self._ids.add(record.request_id)
+            self._by_id[record.request_id] = record
             self._records.append(record)
 
     def has(self, request_id: Hashable) -> bool:
         """True when ``request_id`` already has its terminal record."""
-        return request_id in self._ids
+        return request_id in self._by_id
+
+    def get(self, request_id: Hashable) -> TerminalRecord:
+        """The terminal record of ``request_id``; KeyError naming it when it has none."""
+        try:
+            return self._by_id[request_id]
+        except KeyError:
+            raise KeyError(f"request_id {request_id!r} has no terminal record") from None
 
     @property
     def records(self) -> tuple[TerminalRecord, ...]:

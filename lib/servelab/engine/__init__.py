@@ -22,10 +22,10 @@ Module map (one concept each, in the order a request meets them):
 """
 
 from servelab.engine.config import EngineConfig
-from servelab.engine.engine import FINISH_REASONS, LLMEngine, RequestOutput, SampleOutput, TokenUsage
+from servelab.engine.engine import FINISH_REASONS, LLMEngine, RequestOutput, SampleOutput, Usage
 from servelab.engine.reference import reference_generate
 from servelab.engine.scheduler import ScheduledChunk, SchedulerOutput
 from servelab.engine.trace import StepRecord
 
 __all__ = ["EngineConfig", "FINISH_REASONS", "LLMEngine", "RequestOutput", "ScheduledChunk", "SampleOutput",
-           "SchedulerOutput", "StepRecord", "TokenUsage", "reference_generate"]
+           "SchedulerOutput", "StepRecord", "Usage", "reference_generate"]

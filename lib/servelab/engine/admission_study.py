@@ -67,7 +67,7 @@ def run_policy(model: LlamaForCausalLM, tokenizer, prompts: Sequence[str | list[
 def summarise(engine: LLMEngine, finals: list, walls: list[float], reserved: list[int], digits: int) -> dict:
     """The figures of one finished run from its trace, final outputs, per-step wall times and reservations."""
     trace, pool = engine.trace, engine.allocator.num_blocks
-    generated = sum(o.usage.generated for o in finals)
+    generated = sum(o.usage.generated_tokens for o in finals)
     first_steps = [o.timing.emit_times[0] - o.timing.arrival + 1 for o in finals]  # steps run until it, inclusive
     first_walls = [walls[int(o.timing.emit_times[0])] for o in finals]
     return {

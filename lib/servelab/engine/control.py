@@ -13,7 +13,6 @@ from collections.abc import Iterator, Sequence as SequenceOf
 from dataclasses import dataclass
 
 from servelab.engine.outputs import RequestOutput
-from servelab.lifecycle import RequestState
 from servelab.sampling import SamplingParams
 
 
@@ -60,8 +59,8 @@ class RequestControls:
         It keeps everything it holds: a running request its KV blocks (and any reservation) and its
         batch slot, so this frees compute, not memory (KV pressure can still preempt it by recompute or
         swap). A waiting request is not admitted, a swapped one not swapped in. A request in decode
-        enters BACKPRESSURED (the lifecycle's paused-with-KV state); in other stages its lifecycle state
-        stays. Its deadline still runs and :meth:`cancel` still works, both through the one reclaim path.
+        is in BACKPRESSURED (the lifecycle's paused-with-KV state) while paused; in other stages its
+        lifecycle state stays. Its deadline still runs and :meth:`cancel` still works, both through the one reclaim path.
         Pausing a paused request changes nothing. Returns False when it had already ended; KeyError for
         an unknown id.
         """
@@ -76,16 +75,12 @@ class RequestControls:
         return self._set_paused(request_id, False)
 
     def _set_paused(self, request_id: str, paused: bool) -> bool:
-        """Flag every sample of a live request; DECODE <-> BACKPRESSURED follows the flag."""
+        """Flag every sample of a live request (its lifecycle state, DECODE <-> BACKPRESSURED, follows)."""
         request = self._live(request_id)
         if request is None:
             return False
-        for sample in request.samples:
-            sample.seq.paused = paused
-        leave, enter = ((RequestState.DECODE, RequestState.BACKPRESSURED) if paused
-                        else (RequestState.BACKPRESSURED, RequestState.DECODE))
-        if request.lifecycle.state is leave:
-            request.lifecycle.transition(enter, self.clock())
+        for seq in request.seqs:
+            seq.paused = paused
         return True
 
     def stream(self, prompt: str | list[int], params: SamplingParams, **kwargs) -> Iterator[str]:

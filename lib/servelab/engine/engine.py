@@ -6,16 +6,17 @@ preemptions, swaps, token budget) -> **prepare inputs** (the tick's chunks as on
 sample) -> **sample** (the batched sampler) -> **process outputs** (text, stop strings, EOS / length,
 via :mod:`servelab.engine.outputs`), with expired deadlines ended first and one trace record last.
 
-Every terminal path (finished, cancelled, timed out, failed) goes through :meth:`LLMEngine._end`, which
-calls the one reclaim routine of ``servelab.lifecycle``: it frees the KV blocks, reservation, batch slot
-and host swap space and writes the request's single terminal record to :attr:`LLMEngine.ledger`.
+Every terminal path (finished, cancelled, timed out, failed) goes through :meth:`LLMEngine._end`: each
+of the request's sequences goes back through the one release path, ``Scheduler.release`` (KV blocks,
+reservation, batch slot, host swap copy), and the request's single terminal record is written to
+:attr:`LLMEngine.ledger`. A sample that finishes while its siblings go on is released the same way.
 
 Parallel sampling (``params.n > 1``): the prompt is prefilled once, by sample 0's sequence, which holds a
 batch slot for each sibling from admission on. When its last prompt chunk has run, the engine forks it
 (``Scheduler.fork`` -> ``BlockAllocator.fork``): every sibling shares the prompt's blocks (refcount n),
 each sample draws its first token from the same last-position logits with its own generator (seed + i),
 and the first write into the shared partial tail is copied on write. A sample that finishes while
-siblings go on returns its blocks and slot at once; the request ends when the last sample does.
+siblings go on is released at once; the request ends when the last sample does.
 
 Logprobs (``params.logprobs`` / ``params.prompt_logprobs``): the raw model's log-softmax of the rows the
 forward pass already computed (:func:`~servelab.engine.sampler.token_logprobs`): a sampled row for each
@@ -44,19 +45,19 @@ from servelab.chat_template import ChatTemplate
 from servelab.engine.config import EngineConfig
 from servelab.engine.control import EngineStats, RequestControls
 from servelab.engine.model_runner import ForwardInput, ModelRunner, resolve_device_dtype
-from servelab.engine.outputs import (RequestOutput, SampleOutput, SampleStream, TokenUsage, accept_token,
-                                     request_output, settle)
-from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, EngineRequest, new_request
+from servelab.engine.outputs import RequestOutput, SampleOutput, accept_token, request_output, settle, usage
+from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, EngineRequest, lifecycle_state, new_request
 from servelab.engine.sampler import SamplingRow, sample_tokens, token_logprobs
 from servelab.engine.scheduler import Scheduler, SchedulerOutput
+from servelab.engine.sequence import Sequence
 from servelab.engine.trace import StepRecord
 from servelab.engine.validation import RequestValidator, check_components, context_limit
 from servelab.kv import BlockAllocator
-from servelab.lifecycle import Ledger, RequestState, SlotPool, Usage, reclaim
+from servelab.lifecycle import Ledger, RequestState, SlotPool, TerminalRecord, Usage
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling import SamplingParams
 
-__all__ = ["FINISH_REASONS", "EngineStats", "LLMEngine", "RequestOutput", "SampleOutput", "TokenUsage"]
+__all__ = ["FINISH_REASONS", "EngineStats", "LLMEngine", "RequestOutput", "SampleOutput", "Usage"]
 
 
 class LLMEngine(RequestControls):
@@ -82,8 +83,7 @@ class LLMEngine(RequestControls):
         self.ledger = Ledger()
         self.trace: list[StepRecord] = []
         self.last_schedule: SchedulerOutput | None = None  # the most recent scheduler tick, for inspection
-        self._requests: dict[str, EngineRequest] = {}
-        self._samples: dict[str, SampleStream] = {}  # by sequence id: every sample of every live request
+        self._requests: dict[str, EngineRequest] = {}  # live requests; each sequence points to its own
         self._pending: list[RequestOutput] = []  # final outputs of requests ended between steps
         self._arrivals = itertools.count()
         self._seed_rng = random.Random(config.seed)
@@ -135,9 +135,17 @@ class LLMEngine(RequestControls):
                               arrival_index=arrival_index, seed=seed, namespace=namespace, priority=priority,
                               deadline=None if deadline_s is None else arrival + deadline_s)
         self._requests[request_id] = request
-        self._samples.update((s.seq.seq_id, s) for s in request.samples)
         self.scheduler.add(request.seq)  # the siblings join when it forks, after its prompt
         return request_id
+
+    def state(self, request_id: str) -> RequestState:
+        """The request's lifecycle state now (``servelab.lifecycle.RequestState``): read off the
+        scheduler's state of its sequences while it runs, its terminal record's once it has ended.
+        KeyError for an id this engine never issued (or whose record the bounded ledger dropped)."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            return lifecycle_state(request)
+        return self.ledger.get(request_id).state
 
     def has_unfinished(self) -> bool:
         """True while some request has not ended (or an ended one's final output is not yet returned)."""
@@ -152,7 +160,7 @@ class LLMEngine(RequestControls):
         record = StepRecord(step=len(self.trace), start=self.clock())
         outputs, self._pending = self._pending, []
         outputs += self._expire_deadlines(record.start)
-        sched = self._schedule(record.start)
+        sched = self.last_schedule = self.scheduler.schedule()
         outputs += self._fail_unschedulable() if sched.is_empty else self._run(sched, record)
         if sched.is_empty and not (outputs or sched.preempted or sched.swapped_out or sched.swapped_in):
             return outputs
@@ -163,12 +171,6 @@ class LLMEngine(RequestControls):
 
     # ------------------------------------------------------------------------------------------ the phases
 
-    def _schedule(self, now: float) -> SchedulerOutput:
-        """Phase 1: one scheduler tick, mirrored in the lifecycle of each request it moved."""
-        sched = self.last_schedule = self.scheduler.schedule()
-        self._apply_transitions(sched, now)
-        return sched
-
     def _run(self, sched: SchedulerOutput, record: StepRecord) -> list[RequestOutput]:
         """Phases 2-5 of a non-empty tick. A failing forward pass fails every request in the batch, a
         failing sampler every sampled one; either way through the one terminal path, nothing leaks."""
@@ -176,148 +178,123 @@ class LLMEngine(RequestControls):
         try:
             logits = self.runner.execute(batch)
         except Exception as exc:
-            return self._fail([self._samples[c.seq_id] for c in sched.chunks], exc)
+            return self._fail([c.seq for c in sched.chunks], exc)
         for chunk in sched.chunks:  # the KV of every chunk is now in the pool
-            self.scheduler.commit(chunk, self._samples[chunk.seq_id].seq)
+            self.scheduler.commit(chunk)
         logits, score_logits = logits[:len(batch.sample_indices)], logits[len(batch.sample_indices):]
-        picks = self._fork_finished_prompts([self._samples[c.seq_id] for c in sched.chunks if c.sample])
+        picks = self._fork_finished_prompts([c.seq for c in sched.chunks if c.sample])
         try:
             self._score_prompts(batch.score_rows, score_logits)
             tokens = self._sample(logits, picks)
         except Exception as exc:
-            return self._fail([stream for stream, _ in picks], exc)
-        return self._process_outputs([stream for stream, _ in picks], tokens)
+            return self._fail([seq for seq, _ in picks], exc)
+        return self._process_outputs([seq for seq, _ in picks], tokens)
 
     def _prepare_inputs(self, sched: SchedulerOutput, record: StepRecord) -> ForwardInput:
         """Phase 2: the tick's chunks as one flat batch; the trace records what each chunk computes."""
         rows = []
         for chunk in sched.chunks:
-            seq = self._samples[chunk.seq_id].seq
+            seq = chunk.seq
             record.add_chunk(chunk, len(seq.prompt_ids))
             if seq.times.first_scheduled is None:
                 seq.times.first_scheduled = record.start
-            rows.append((chunk, seq, self.allocator.block_table(chunk.seq_id)))
+            rows.append((chunk, seq, self.allocator.block_table(seq.seq_id)))
         return ForwardInput.from_chunks(rows)
 
-    def _sample(self, logits: torch.Tensor, picks: list[tuple[SampleStream, int]]) -> list[int | None]:
+    def _sample(self, logits: torch.Tensor, picks: list[tuple[Sequence, int]]) -> list[int | None]:
         """Phase 4: one token per picked sample, drawn from its logits row (forked samples share one)."""
         if len(picks) != logits.shape[0]:
             logits = logits[torch.tensor([row for _, row in picks], device=logits.device)]
         masks = self._grammar_masks([s for s, _ in picks], logits.shape[-1])
-        tokens = sample_tokens(logits, [SamplingRow(s.seq.params, s.seq.prompt_ids, s.seq.output_ids,
-                                                    s.seq.generator, masks.get(i)) for i, (s, _) in enumerate(picks)])
-        for i, (stream, _) in enumerate(picks):
+        tokens = sample_tokens(logits, [SamplingRow(s.params, s.prompt_ids, s.output_ids, s.generator, masks.get(i))
+                                        for i, (s, _) in enumerate(picks)])
+        for i, (seq, _) in enumerate(picks):
             if i in masks and tokens[i] is not None:
-                grammar.accept(stream.matcher, tokens[i])
-        wanted = [i for i, (s, _) in enumerate(picks) if s.seq.params.logprobs is not None and tokens[i] is not None]
+                grammar.accept(seq.matcher, tokens[i])
+        wanted = [i for i, (s, _) in enumerate(picks) if s.params.logprobs is not None and tokens[i] is not None]
         if wanted:  # the raw distribution of the same rows, for the tokens just drawn
             found = token_logprobs(logits[torch.tensor(wanted, device=logits.device)], [tokens[i] for i in wanted],
-                                   [picks[i][0].seq.params.logprobs for i in wanted])
+                                   [picks[i][0].params.logprobs for i in wanted])
             for i, logprob in zip(wanted, found):
                 picks[i][0].logprobs.append(logprob)
         return tokens
 
-    def _grammar_masks(self, streams: list[SampleStream], vocab_size: int) -> dict[int, torch.Tensor]:
+    def _grammar_masks(self, seqs: list[Sequence], vocab_size: int) -> dict[int, torch.Tensor]:
         """Row -> the ids its grammar allows next, for the rows whose request has ``params.grammar``."""
-        rows = [i for i, s in enumerate(streams) if s.seq.params.grammar is not None]
+        rows = [i for i, s in enumerate(seqs) if s.params.grammar is not None]
         if not rows:
             return {}
         for i in rows:
-            if streams[i].matcher is None:
-                streams[i].matcher = grammar.new_matcher(streams[i].seq.params.grammar)
-        masks = grammar.allowed_masks([streams[i].matcher for i in rows], vocab_size)
+            if seqs[i].matcher is None:
+                seqs[i].matcher = grammar.new_matcher(seqs[i].params.grammar)
+        masks = grammar.allowed_masks([seqs[i].matcher for i in rows], vocab_size)
         return dict(zip(rows, masks))
 
-    def _score_prompts(self, rows: list[tuple[str, int]], logits: torch.Tensor) -> None:
-        """Store the prompt logprobs of this step's score rows (``(seq_id, position)`` each, scoring prompt
+    def _score_prompts(self, rows: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+        """Store the prompt logprobs of this step's score rows (``(sequence, position)`` each, scoring prompt
         token ``position + 1``); a position scored before (a recomputed prefill) is skipped."""
         if not rows:
             return
-        seqs = [self._samples[seq_id].seq for seq_id, _ in rows]
-        found = token_logprobs(logits, [seq.prompt_ids[p + 1] for seq, (_, p) in zip(seqs, rows)],
-                               [seq.params.prompt_logprobs for seq in seqs])
-        for (seq_id, position), logprob in zip(rows, found):
-            scored = self._samples[seq_id].prompt_logprobs
-            if position == len(scored):
-                scored.append(logprob)
+        found = token_logprobs(logits, [seq.prompt_ids[p + 1] for seq, p in rows],
+                               [seq.params.prompt_logprobs for seq, _ in rows])
+        for (seq, position), logprob in zip(rows, found):
+            if position == len(seq.prompt_logprobs):
+                seq.prompt_logprobs.append(logprob)
 
-    def _process_outputs(self, streams: list[SampleStream], tokens: list[int | None]) -> list[RequestOutput]:
+    def _process_outputs(self, seqs: list[Sequence], tokens: list[int | None]) -> list[RequestOutput]:
         """Phase 5: each sampled token becomes text and maybe a stop; one output per sampled request.
         A sample that fails (masked vocabulary, undecodable text) fails its whole request."""
         now = self.clock()
-        stops: dict[EngineRequest, list[tuple[SampleStream, str]]] = {}  # every sampled request, batch order
+        stops: dict[EngineRequest, list[tuple[Sequence, str]]] = {}  # every sampled request, batch order
         failures: dict[EngineRequest, str] = {}
-        for stream, token in zip(streams, tokens):
-            request = self._requests[stream.request_id]
+        for seq, token in zip(seqs, tokens):
+            request = seq.request
             stops.setdefault(request, [])
             if request in failures:  # a sibling already failed it: the whole request ends
                 continue
-            if token is not None and request.lifecycle.state is RequestState.PREFILL:
-                request.lifecycle.transition(RequestState.DECODE, now)
-            reason, detail = accept_token(stream, token, now, self._eos, self.max_model_len)
+            reason, detail = accept_token(seq, token, now, self._eos, self.max_model_len)
             if reason == "failed":
                 failures[request] = detail
             elif reason is not None:
-                stops[request].append((stream, reason))
+                stops[request].append((seq, reason))
         return [self._conclude(r, stops[r], failures.get(r)) for r in stops]
 
-    def _fork_finished_prompts(self, sampled: list[SampleStream]) -> list[tuple[SampleStream, int]]:
+    def _fork_finished_prompts(self, sampled: list[Sequence]) -> list[tuple[Sequence, int]]:
         """Fork each request whose prompt just got computed into its ``n`` samples.
 
         Returns the samples to draw a token for, each with the logits row it draws from: a forked
         request's samples all read the row of its last prompt position.
         """
-        picks: list[tuple[SampleStream, int]] = []
-        for row, sample in enumerate(sampled):
-            request = self._requests[sample.request_id]
-            if len(request.samples) > 1 and not request.forked:
-                siblings = request.samples[1:]
-                self.scheduler.fork(sample.seq, [s.seq for s in siblings])
+        picks: list[tuple[Sequence, int]] = []
+        for row, seq in enumerate(sampled):
+            request = seq.request
+            if len(request.seqs) > 1 and not request.forked:
+                siblings = request.seqs[1:]
+                self.scheduler.fork(seq, siblings)
                 for sibling in siblings:
-                    sibling.seq.times.first_scheduled = sample.seq.times.first_scheduled
+                    sibling.times.first_scheduled = seq.times.first_scheduled
                 request.forked = True
-                picks += [(s, row) for s in request.samples]
+                picks += [(s, row) for s in request.seqs]
             else:
-                picks.append((sample, row))
+                picks.append((seq, row))
         return picks
 
-    def _conclude(self, request: EngineRequest, stops: list[tuple[SampleStream, str]],
+    def _conclude(self, request: EngineRequest, stops: list[tuple[Sequence, str]],
                   failure: str | None) -> RequestOutput:
-        """This step's output for a request with sampled tokens: settle the samples that stopped, free
-        their KV early when siblings go on, and end the request once no sample is left."""
+        """This step's output for a request with sampled tokens: settle the samples that stopped, release
+        them early when siblings go on, and end the request once no sample is left."""
         if failure is not None:
             return self._end(request, "failed", detail=failure)
         if not stops:
-            return request_output(request.request_id, request.samples, request.finish_reason)
+            return request_output(request.request_id, request.seqs, request.finish_reason)
         now = self.clock()
-        for stream, reason in stops:
-            settle(stream, reason, now)
-        if all(s.finish_reason is not None for s in request.samples):
+        for seq, reason in stops:
+            settle(seq, reason, now)
+        if all(s.finish_reason is not None for s in request.seqs):
             return self._end(request, stops[-1][1], at=now)
-        for stream, _ in stops:  # siblings still decode: its blocks, reservation and slot go back now
-            self.scheduler.drop(stream.seq)
-            self.allocator.free(stream.seq.seq_id)
-            self.slots.release(stream.seq.seq_id)
-        return request_output(request.request_id, request.samples, request.finish_reason)
-
-    def _apply_transitions(self, sched: SchedulerOutput, now: float) -> None:
-        """Mirror the tick's decisions in each request's lifecycle (in the order they happened).
-
-        After the fork the lifecycle stays in DECODE while any sample runs: a sample's own preemption
-        shows in the trace, not in the request's state.
-        """
-        def unforked(seq_ids: list[str]) -> list[EngineRequest]:
-            return [r for r in map(self._request_of, seq_ids) if not r.forked]
-
-        for request in unforked(sched.swapped_in):
-            resumed = RequestState.DECODE if request.seq.output_ids else RequestState.PREFILL
-            request.lifecycle.transition(resumed, now)
-        for request in unforked(sched.preempted):
-            request.lifecycle.transition(RequestState.PREEMPTED, now)
-        for request in unforked(sched.swapped_out):
-            request.lifecycle.transition(RequestState.SWAPPED, now)
-        for request in unforked(sched.admitted):
-            request.lifecycle.transition(RequestState.PREFILL, now)
+        for seq, _ in stops:  # siblings still decode: its blocks, reservation and slot go back now
+            self.scheduler.release(seq)
+        return request_output(request.request_id, request.seqs, request.finish_reason)
 
     # ------------------------------------------------------------------------------------------ the end
 
@@ -330,42 +307,36 @@ class LLMEngine(RequestControls):
         ready = [seq for seq in self.scheduler.waiting if not seq.paused]
         if not ready or self.scheduler.running or self.scheduler.swapped:
             return []
-        stuck = self._request_of(min(ready, key=self.scheduler.key).seq_id)
+        stuck = min(ready, key=self.scheduler.key).request
         return [self._end(stuck, "failed", detail="cannot be scheduled even on an idle engine")]
 
-    def _fail(self, streams: list[SampleStream], exc: Exception) -> list[RequestOutput]:
-        """End every request that ``streams`` sample for as failed, with the exception as the detail."""
-        requests = dict.fromkeys(self._requests[s.request_id] for s in streams)
+    def _fail(self, seqs: list[Sequence], exc: Exception) -> list[RequestOutput]:
+        """End every request that ``seqs`` sample for as failed, with the exception as the detail."""
+        requests = dict.fromkeys(s.request for s in seqs)
         return [self._end(r, "failed", detail=repr(exc)) for r in requests]
 
     def _end(self, request: EngineRequest, reason: str, detail: str = "", at: float | None = None) -> RequestOutput:
-        """The one terminal path: settle every unfinished sample with ``reason``, reclaim every resource
-        of every sample's sequence in one ``reclaim`` call, write the terminal record.
+        """The one terminal path: settle every unfinished sample with ``reason``, release every sequence
+        through ``Scheduler.release``, write the request's one terminal record.
 
         ``at`` is the end time when the caller already read the clock for it.
         """
         now = self.clock() if at is None else at
-        for stream in request.samples:
-            if stream.finish_reason is None:
-                settle(stream, reason, now)
+        from_state = lifecycle_state(request)
+        for seq in request.seqs:
+            if seq.finish_reason is None:
+                settle(seq, reason, now)
         request.finish_reason = reason
-        seqs = [s.seq for s in request.samples]
-        usage = Usage(prompt_tokens=len(seqs[0].prompt_ids), generated_tokens=sum(len(q.output_ids) for q in seqs),
-                      emitted_tokens=sum(len(s.emitted_ids) for s in request.samples))
-        reclaim(request.lifecycle, TERMINAL_STATE[reason], ledger=self.ledger, at=now,
-                reason=f"{reason}: {detail}" if detail else reason, allocator=self.allocator,
-                seq_ids=[q.seq_id for q in seqs], slots=self.slots, host_swap=self.runner.host_swap, usage=usage)
-        for seq in seqs:
-            self.scheduler.drop(seq)
-            del self._samples[seq.seq_id]
+        released = [self.scheduler.release(seq) for seq in request.seqs]
+        self.ledger.append(TerminalRecord(
+            request_id=request.request_id, state=TERMINAL_STATE[reason], reason=f"{reason}: {detail}" if detail else reason,
+            at=now, usage=usage(request.seqs), from_state=from_state, blocks_freed=sum(r.blocks for r in released),
+            reservation_released=sum(r.reservation for r in released), slots_released=sum(r.slots for r in released),
+            swap_released=sum(r.swap for r in released)))
         del self._requests[request.request_id]
-        return request_output(request.request_id, request.samples, reason)
+        return request_output(request.request_id, request.seqs, reason)
 
     # ------------------------------------------------------------------------------------------ helpers
-
-    def _request_of(self, seq_id: str) -> EngineRequest:
-        """The live request that sequence ``seq_id`` samples for."""
-        return self._requests[self._samples[seq_id].request_id]
 
     def _live(self, request_id: str) -> EngineRequest | None:
         """The request if it has not ended; None if it has; KeyError for an id this engine never issued."""
@@ -374,5 +345,9 @@ class LLMEngine(RequestControls):
             raise KeyError(f"request_id {request_id!r} is unknown to this engine")
         return request
 
-    def _id_in_use(self, request_id: str) -> bool:
-        return request_id in self._requests or request_id in self._samples or self.ledger.has(request_id)
+    def _id_in_use(self, seq_or_request_id: str) -> bool:
+        """True for a live or ended request's id and for the sample sequence ids of a live request."""
+        if seq_or_request_id in self._requests or self.ledger.has(seq_or_request_id):
+            return True
+        request = self._requests.get(seq_or_request_id.rpartition("/")[0])
+        return request is not None and any(s.seq_id == seq_or_request_id for s in request.seqs)

@@ -23,7 +23,6 @@ from servelab.device import pick_device
 from servelab.engine.config import EngineConfig
 from servelab.engine.scheduler import ScheduledChunk
 from servelab.engine.sequence import Sequence
-from servelab.lifecycle import SlotPool
 from servelab.model.llama import LlamaForCausalLM
 
 
@@ -44,7 +43,7 @@ class ForwardInput:
     chunk's tokens use (attention metadata); ``sample_indices`` are the flat indices of the last token
     of each chunk whose logits are sampled, in chunk order. ``score_indices`` are the flat indices of
     prompt positions whose logits score the next prompt token (requests with ``prompt_logprobs``), and
-    ``score_rows`` says whose: ``(seq_id, position)`` each, the logits at ``position`` scoring prompt
+    ``score_rows`` says whose: ``(sequence, position)`` each, the logits at ``position`` scoring prompt
     token ``position + 1``.
     """
 
@@ -53,7 +52,7 @@ class ForwardInput:
     spans: list[ChunkSpan] = field(default_factory=list)
     sample_indices: list[int] = field(default_factory=list)
     score_indices: list[int] = field(default_factory=list)
-    score_rows: list[tuple[str, int]] = field(default_factory=list)
+    score_rows: list[tuple[Sequence, int]] = field(default_factory=list)
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[tuple[ScheduledChunk, Sequence, list[int]]]) -> "ForwardInput":
@@ -64,7 +63,7 @@ class ForwardInput:
             if seq.params.prompt_logprobs is not None:  # the last prompt position is the sampled row
                 for position in range(chunk.start, min(end, len(seq.prompt_ids) - 1)):
                     batch.score_indices.append(len(batch.token_ids) + position - chunk.start)
-                    batch.score_rows.append((seq.seq_id, position))
+                    batch.score_rows.append((seq, position))
             batch.token_ids += seq.tokens_between(chunk.start, end)
             batch.positions += range(chunk.start, end)
             batch.spans.append(ChunkSpan(chunk.start, chunk.num_tokens, table))
@@ -83,34 +82,33 @@ def resolve_device_dtype(config: EngineConfig, model: LlamaForCausalLM | None = 
     return pick_device(device, dtype)
 
 
-class HostSwapSpace(SlotPool):
-    """Host memory for swapped-out KV, counted in blocks and owned per sequence id.
-
-    A :class:`~servelab.lifecycle.SlotPool` whose units are blocks' worth of host memory, so the
-    lifecycle's ``reclaim`` releases it like any other pool; releasing also drops the stored tensors.
-    """
+class HostSwapSpace:
+    """Host memory for swapped-out KV, counted in blocks (``capacity`` of them), one copy per sequence id."""
 
     def __init__(self, capacity_blocks: int) -> None:
-        super().__init__(capacity_blocks)
-        self._data: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.capacity = capacity_blocks
+        self.in_use = 0  # blocks' worth of host memory holding some sequence's KV
+        self._data: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
 
     def store(self, owner: str, cache: KVCache, blocks: list[int]) -> bool:
         """Copy ``blocks`` of ``cache`` to host memory for ``owner``; False (nothing copied) when full."""
-        if not self.acquire(owner, len(blocks)):
+        if self.in_use + len(blocks) > self.capacity:
             return False
-        self._data[owner] = cache.read_blocks(blocks)
+        self._data[owner] = (*cache.read_blocks(blocks), len(blocks))
+        self.in_use += len(blocks)
         return True
 
     def take(self, owner: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Hand back ``owner``'s K and V host copies and free their space."""
-        data = self._data.pop(owner)
-        super().release(owner)
-        return data
+        k, v, _ = self._data[owner]
+        self.release(owner)
+        return k, v
 
     def release(self, owner: str) -> int:
-        """Free everything ``owner`` holds, stored tensors included; returns the blocks released."""
-        self._data.pop(owner, None)
-        return super().release(owner)
+        """Free everything ``owner`` holds, stored tensors included; returns the blocks released (0 if none)."""
+        _, _, blocks = self._data.pop(owner, (None, None, 0))
+        self.in_use -= blocks
+        return blocks
 
 
 class ModelRunner:
@@ -167,3 +165,7 @@ class ModelRunner:
         """Write the host copy of ``seq_id`` into ``blocks`` (fresh blocks, same order) and free it."""
         k, v = self.host_swap.take(seq_id)
         self.cache.write_blocks(blocks, k, v)
+
+    def drop_swapped(self, seq_id: str) -> int:
+        """Free the host copy of ``seq_id``, if any (a swapped sequence that ends); returns its blocks."""
+        return 0 if self.host_swap is None else self.host_swap.release(seq_id)

@@ -13,31 +13,12 @@ resources (the engine's one terminal path does that through ``servelab.lifecycle
 from __future__ import annotations
 
 from collections.abc import Sequence as SequenceOf
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from servelab.engine.sampler import TokenLogprob
-from servelab.engine.sequence import IncrementalDetokenizer, Sequence
+from servelab.engine.sequence import Sequence
+from servelab.lifecycle import Usage
 from servelab.metrics import RequestTiming
-from servelab.streaming import StopStringBuffer
-
-
-@dataclass(frozen=True)
-class TokenUsage:
-    """Token counts of one request (tokens).
-
-    ``generated``: sampled by the engine. ``emitted``: token ids handed to the caller. An id is handed out
-    with its text, so one held back as a possible stop-string prefix waits; an EOS token, tokens wholly
-    inside or after a matched stop string, and held tokens of a cancelled/timed-out/failed request are
-    generated but never emitted. ``committed``: tokens whose KV the cache holds for this request
-    (prompt + generated - 1 in steady decode; 0 after preemption by recompute until it is prefilled
-    again; at the end, what it held just before reclaim).
-    """
-
-    prompt_tokens: int
-    cached_prompt_tokens: int
-    generated: int
-    emitted: int
-    committed: int
 
 
 @dataclass(frozen=True)
@@ -62,7 +43,7 @@ class RequestOutput:
     n == 1) and the text and id fields mirror sample 0, so code written for one answer still reads one.
     ``finished`` is True once every sample has finished; ``finish_reason`` is then the request's:
     cancelled / timed_out / failed when it was cut short, else that of the sample that finished last.
-    ``usage`` sums ``generated``, ``emitted`` and ``committed`` over the samples. ``timing`` is per
+    ``usage`` sums the generated, emitted and committed tokens over the samples. ``timing`` is per
     token stream, so it is only set for n == 1.
 
     With ``params.logprobs`` set, ``logprobs`` holds one :class:`TokenLogprob` per token id handed out
@@ -78,135 +59,111 @@ class RequestOutput:
     token_ids: tuple[int, ...]
     finished: bool
     finish_reason: str | None
-    usage: TokenUsage
+    usage: Usage
     timing: RequestTiming | None  # set once finished, when at least one token was emitted
     samples: tuple[SampleOutput, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
-@dataclass(eq=False)
-class SampleStream:
-    """The text side of one sample (a request has ``n``): what the caller has been sent and what waits.
-
-    ``seq`` is the scheduler's record of the same sample (its tokens and KV progress).
-    """
-
-    index: int
-    request_id: str
-    seq: Sequence
-    detok: IncrementalDetokenizer
-    stops: StopStringBuffer
-    text: str = ""
-    token_ends: list[int] = field(default_factory=list)  # decoded text length after each generated token
-    emitted_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    committed_at_end: int = 0
-    delta: str = ""  # text produced since the last output, not yet handed out
-    delta_ids: tuple[int, ...] = ()  # ids released since the last output
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token (params.logprobs)
-    logprobs_sent: int = 0
-    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt token i + 1 at index i
-    prompt_logprobs_sent: bool = False
-    matcher: object | None = None  # the sample's xgrammar matcher (params.grammar), made at its first step
-
-
-def accept_token(stream: SampleStream, token: int | None, now: float, eos: int | None,
+def accept_token(seq: Sequence, token: int | None, now: float, eos: int | None,
                  max_model_len: int) -> tuple[str | None, str]:
     """Append a sampled token and produce its text. Returns the stop condition it fired (None if none:
     ``"eos"``, ``"stop"``, ``"length"`` or ``"failed"``) and, for ``"failed"``, why."""
     if token is None:
         return "failed", "the hard constraints mask every token"
-    seq = stream.seq
     seq.output_ids.append(token)
     if token == eos and not seq.params.ignore_eos:
         return "eos", ""
     try:
-        delta = stream.stops.push(stream.detok.update(seq.output_ids))
+        delta = seq.stops.push(seq.detok.update(seq.output_ids))
     except Exception as exc:  # e.g. the tokenizer cannot decode: this request fails, the others go on
         return "failed", repr(exc)
-    stream.token_ends.append(len(stream.detok.text))
-    stream.text += delta
-    stream.delta += delta
-    if stream.stops.finished:
+    seq.token_ends.append(len(seq.detok.text))
+    seq.text += delta
+    seq.delta += delta
+    if seq.stops.finished:
         return "stop", ""
     if len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= max_model_len:
         return "length", ""
-    stream.delta_ids += release_ids(stream, now)
+    seq.delta_ids += release_ids(seq, now)
     return None, ""
 
 
-def release_ids(stream: SampleStream, now: float, partial: bool = False) -> tuple[int, ...]:
+def release_ids(seq: Sequence, now: float, partial: bool = False) -> tuple[int, ...]:
     """Hand out the token ids whose text has reached the caller (``partial``: also those cut by a stop
     string), stamping their emit time. An id whose text is still held back waits with it."""
-    released, new = len(stream.text), []
-    while len(stream.emitted_ids) < len(stream.token_ends):
-        i = len(stream.emitted_ids)
-        start = stream.token_ends[i - 1] if i else 0
-        if not (stream.token_ends[i] <= released or (partial and start < released)):
+    released, new = len(seq.text), []
+    while len(seq.emitted_ids) < len(seq.token_ends):
+        i = len(seq.emitted_ids)
+        start = seq.token_ends[i - 1] if i else 0
+        if not (seq.token_ends[i] <= released or (partial and start < released)):
             break
-        stream.emitted_ids.append(stream.seq.output_ids[i])
-        stream.seq.times.emits.append(now)
-        new.append(stream.seq.output_ids[i])
+        seq.emitted_ids.append(seq.output_ids[i])
+        seq.times.emits.append(now)
+        new.append(seq.output_ids[i])
     return tuple(new)
 
 
-def settle(stream: SampleStream, reason: str, now: float) -> None:
+def settle(seq: Sequence, reason: str, now: float) -> None:
     """Finish one sample's text: a normal end (length, EOS) releases the text held back for a possible
     stop string; a stop match releases the ids of tokens its text reaches into; cancelled, timed-out
     and failed samples drop whatever was still held (the client never sees it)."""
-    seq = stream.seq
     if reason in ("length", "eos"):
-        tail = stream.stops.push(stream.detok.update(seq.output_ids[:len(stream.token_ends)], final=True))
-        tail += stream.stops.flush()
-        stream.text += tail
-        stream.delta += tail
-        stream.token_ends = [min(end, len(stream.text)) for end in stream.token_ends]
+        tail = seq.stops.push(seq.detok.update(seq.output_ids[:len(seq.token_ends)], final=True))
+        tail += seq.stops.flush()
+        seq.text += tail
+        seq.delta += tail
+        seq.token_ends = [min(end, len(seq.text)) for end in seq.token_ends]
     if reason in ("length", "eos", "stop"):
-        stream.delta_ids += release_ids(stream, now, partial=reason == "stop")
-    stream.finish_reason = reason
-    stream.committed_at_end = seq.num_computed
+        seq.delta_ids += release_ids(seq, now, partial=reason == "stop")
+    seq.finish_reason = reason
+    seq.committed_at_end = seq.num_computed
     seq.times.finish = now
 
 
-def request_output(request_id: str, streams: SequenceOf[SampleStream], finish_reason: str | None) -> RequestOutput:
+def request_output(request_id: str, seqs: SequenceOf[Sequence], finish_reason: str | None) -> RequestOutput:
     """The request's output for this step; hands out (and clears) each sample's pending delta."""
     finished = finish_reason is not None
-    first = streams[0]
-    logprobs = [_logprobs_delta(s) for s in streams]
+    first = seqs[0]
+    logprobs = [_logprobs_delta(s) for s in seqs]
     samples = tuple(SampleOutput(s.index, s.delta, s.text, s.delta_ids, tuple(s.emitted_ids),
                                  s.finish_reason is not None, s.finish_reason, lp)
-                    for s, lp in zip(streams, logprobs)) if len(streams) > 1 else ()
-    usage = TokenUsage(prompt_tokens=len(first.seq.prompt_ids), cached_prompt_tokens=first.seq.num_cached_prompt or 0,
-                       generated=sum(len(s.seq.output_ids) for s in streams),
-                       emitted=sum(len(s.emitted_ids) for s in streams),
-                       committed=sum(s.committed_at_end if s.finish_reason is not None else s.seq.num_computed
-                                     for s in streams))
+                    for s, lp in zip(seqs, logprobs)) if len(seqs) > 1 else ()
     output = RequestOutput(request_id=request_id, delta=first.delta, text=first.text, delta_token_ids=first.delta_ids,
                            token_ids=tuple(first.emitted_ids), finished=finished, finish_reason=finish_reason,
-                           usage=usage, timing=timing(first.seq) if finished and not samples else None,
+                           usage=usage(seqs), timing=timing(first) if finished and not samples else None,
                            samples=samples, logprobs=logprobs[0], prompt_logprobs=_prompt_logprobs(first))
-    for stream in streams:
-        stream.delta, stream.delta_ids = "", ()
+    for seq in seqs:
+        seq.delta, seq.delta_ids = "", ()
     return output
 
 
-def _logprobs_delta(stream: SampleStream) -> tuple[TokenLogprob, ...]:
+def usage(seqs: SequenceOf[Sequence]) -> Usage:
+    """The request's token counts so far, summed over its samples (a finished sample counts what it
+    held when it finished)."""
+    first = seqs[0]
+    return Usage(prompt_tokens=len(first.prompt_ids), cached_prompt_tokens=first.cached_prompt_tokens or 0,
+                 generated_tokens=sum(len(s.output_ids) for s in seqs), emitted_tokens=sum(len(s.emitted_ids) for s in seqs),
+                 committed_tokens=sum(s.committed_at_end if s.finish_reason is not None else s.num_computed
+                                      for s in seqs))
+
+
+def _logprobs_delta(seq: Sequence) -> tuple[TokenLogprob, ...]:
     """The logprobs of the ids released since the last output, and of a final EOS (never released)."""
-    end = len(stream.logprobs) if stream.finish_reason == "eos" else min(len(stream.emitted_ids), len(stream.logprobs))
-    new = tuple(stream.logprobs[stream.logprobs_sent:end])
-    stream.logprobs_sent = max(stream.logprobs_sent, end)
+    end = len(seq.logprobs) if seq.finish_reason == "eos" else min(len(seq.emitted_ids), len(seq.logprobs))
+    new = tuple(seq.logprobs[seq.logprobs_sent:end])
+    seq.logprobs_sent = max(seq.logprobs_sent, end)
     return new
 
 
-def _prompt_logprobs(stream: SampleStream) -> tuple[TokenLogprob, ...] | None:
+def _prompt_logprobs(seq: Sequence) -> tuple[TokenLogprob, ...] | None:
     """The prompt's logprobs once all are computed, handed out once."""
-    seq = stream.seq
-    if (seq.params.prompt_logprobs is None or stream.prompt_logprobs_sent
-            or len(stream.prompt_logprobs) < len(seq.prompt_ids) - 1):
+    if (seq.params.prompt_logprobs is None or seq.prompt_logprobs_sent
+            or len(seq.prompt_logprobs) < len(seq.prompt_ids) - 1):
         return None
-    stream.prompt_logprobs_sent = True
-    return tuple(stream.prompt_logprobs)
+    seq.prompt_logprobs_sent = True
+    return tuple(seq.prompt_logprobs)
 
 
 def timing(seq: Sequence) -> RequestTiming | None:

@@ -1,27 +1,23 @@
-"""The engine's record of one request: its lifecycle and its samples, and how a new one is built.
+"""The engine's record of one request: its ``n`` sequences, how a new one is built, and its state.
 
-One record per layer, each named for what it holds:
+One record per sample: a :class:`~servelab.engine.sequence.Sequence` holds that sample's tokens, KV
+progress, text and timestamps, and points back to its :class:`EngineRequest`, which only groups the
+samples (one unless ``params.n > 1``). The allocator keeps each sequence's block ids, nothing more.
 
-* :class:`EngineRequest` (here, engine layer): the request as a whole, its ``RequestLifecycle`` state
-  machine (``servelab.lifecycle``) and its ``n`` sample streams;
-* :class:`~servelab.engine.outputs.SampleStream` (output processing): one sample's text, held-back
-  tail and emitted ids;
-* :class:`~servelab.engine.sequence.Sequence` (scheduler and model runner): one sample's tokens, KV
-  progress and timestamps;
-* the allocator's private ``_BlockTable`` (``servelab.kv_allocator``): one sequence's block table.
+The request's lifecycle state (``servelab.lifecycle.RequestState``, §0's model) is not stored: it is
+read off the scheduler's state of its sequences by :func:`lifecycle_state`, so the two cannot drift.
 
 System boundary: plain records; building one allocates nothing (the scheduler admits it later).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from servelab.engine.outputs import SampleStream
-from servelab.engine.sequence import IncrementalDetokenizer, Sequence, SequenceTimes
-from servelab.lifecycle import RequestLifecycle, RequestState
+from servelab.engine.sequence import IncrementalDetokenizer, Sequence, SequenceTimes, SeqStatus
+from servelab.lifecycle import RequestState
 from servelab.sampling import SamplingParams
 from servelab.streaming import StopStringBuffer
 
@@ -33,37 +29,53 @@ TERMINAL_STATE = {"stop": RequestState.FINISHED, "length": RequestState.FINISHED
 
 @dataclass(eq=False)
 class EngineRequest:
-    """Engine-side state of one request: its lifecycle and its samples (one unless ``params.n > 1``).
-
-    Before the fork only sample 0's sequence is scheduled; it holds a batch slot for every sibling.
-    """
+    """One request: its samples' sequences. Before the fork only ``seqs[0]`` is scheduled; it holds a
+    batch slot for every sibling."""
 
     request_id: str
-    lifecycle: RequestLifecycle
-    samples: list[SampleStream]
+    seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False
     finish_reason: str | None = None
 
     @property
     def seq(self) -> Sequence:
         """Sample 0's sequence: the one scheduled before the fork, the only one when n == 1."""
-        return self.samples[0].seq
+        return self.seqs[0]
 
 
-def new_request(request_id: str, sample_ids: list[str], prompt_ids: list[int], params: SamplingParams, *,
+def new_request(request_id: str, seq_ids: list[str], prompt_ids: list[int], params: SamplingParams, *,
                 tokenizer, arrival: float, arrival_index: int, seed: int, deadline: float | None,
                 namespace: str, priority: int) -> EngineRequest:
-    """A validated request as QUEUED: one sequence and sample stream per id in ``sample_ids``, sample ``i``
-    seeded with ``seed + i``; sample 0 will fork into the others once its prompt is computed."""
-    samples = []
-    for i, seq_id in enumerate(sample_ids):
-        seq = Sequence(seq_id, prompt_ids, params, arrival_index, SequenceTimes(arrival),
-                       torch.Generator().manual_seed(seed + i), namespace=namespace, priority=priority,
-                       deadline=deadline)
-        samples.append(SampleStream(i, request_id, seq, IncrementalDetokenizer(tokenizer),
-                                    StopStringBuffer(list(params.stop))))
-    samples[0].seq.samples_to_fork = len(sample_ids) - 1
-    lifecycle = RequestLifecycle(request_id, at=arrival)
-    lifecycle.transition(RequestState.VALIDATED, arrival)
-    lifecycle.transition(RequestState.QUEUED, arrival)
-    return EngineRequest(request_id, lifecycle, samples)
+    """A validated request, not yet admitted: one sequence per id in ``seq_ids``, sample ``i`` seeded with
+    ``seed + i``; sample 0 will fork into the others once its prompt is computed."""
+    request = EngineRequest(request_id)
+    for i, seq_id in enumerate(seq_ids):
+        request.seqs.append(Sequence(seq_id, request, i, prompt_ids, params, arrival_index, SequenceTimes(arrival),
+                                     torch.Generator().manual_seed(seed + i), IncrementalDetokenizer(tokenizer),
+                                     StopStringBuffer(list(params.stop)), namespace=namespace, priority=priority,
+                                     deadline=deadline))
+    request.seq.samples_to_fork = len(seq_ids) - 1
+    return request
+
+
+def lifecycle_state(request: EngineRequest) -> RequestState:
+    """The request's §0 lifecycle state, read off its sequences (a live request: not yet ended).
+
+    VALIDATED: in the waiting queue, not yet admitted (it holds nothing: the engine's admission
+    reserves and allocates in one tick, so it passes QUEUED, "reservation held", inside that tick and
+    is next seen in PREFILL). PREEMPTED: back in the waiting
+    queue after a preemption by recompute. SWAPPED: its KV is in host memory. PREFILL: running, the
+    prompt (or a recompute) still to finish. DECODE: running, one token per step; BACKPRESSURED when
+    the caller paused it there. After the fork the request is in DECODE (or BACKPRESSURED) while any
+    sample runs: one sample's preemption shows in the trace, not in the request's state.
+    """
+    seq = request.seq
+    if request.forked:
+        return RequestState.BACKPRESSURED if seq.paused else RequestState.DECODE
+    if seq.status is SeqStatus.WAITING:
+        return RequestState.VALIDATED if seq.times.first_scheduled is None else RequestState.PREEMPTED
+    if seq.status is SeqStatus.SWAPPED:
+        return RequestState.SWAPPED
+    if not seq.output_ids or seq.num_computed < seq.num_tokens - 1:
+        return RequestState.PREFILL
+    return RequestState.BACKPRESSURED if seq.paused else RequestState.DECODE

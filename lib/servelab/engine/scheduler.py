@@ -53,19 +53,37 @@ class KVMover(Protocol):
     def swap_in(self, seq_id: str, blocks: list[int]) -> None:
         """Write ``seq_id``'s host copy into ``blocks`` and release its host space."""
 
+    def drop_swapped(self, seq_id: str) -> int:
+        """Release ``seq_id``'s host copy, if any; returns the blocks' worth of host memory freed."""
+
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """Compute ``num_tokens`` tokens of sequence ``seq_id`` from position ``start``.
+    """Compute ``num_tokens`` tokens of sequence ``seq`` from position ``start``.
 
     ``sample`` is True when the chunk reaches the sequence's last known token, so its logits give the
     next token (the last prefill chunk, or a decode step).
     """
 
-    seq_id: str
+    seq: Sequence
     start: int
     num_tokens: int
     sample: bool
+
+    @property
+    def seq_id(self) -> str:
+        """The scheduled sequence's id."""
+        return self.seq.seq_id
+
+
+@dataclass(frozen=True)
+class Released:
+    """What :meth:`Scheduler.release` gave back for one sequence (blocks, batch slots, host blocks)."""
+
+    blocks: int
+    reservation: int
+    slots: int
+    swap: int
 
 
 @dataclass
@@ -114,12 +132,21 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
-    def drop(self, seq: Sequence) -> None:
-        """Take ``seq`` out of every queue (its resources are released by the lifecycle's reclaim)."""
-        for queue in (self.waiting, self.running, self.swapped):
-            if seq in queue:
-                queue.remove(seq)
+    def release(self, seq: Sequence) -> Released:
+        """The one release path of a sequence that ends (finished, cancelled, timed out, failed, or one
+        sample of several finished early): out of its queue, then its KV reservation, device blocks
+        (decref: a block shared with a sibling or a prefix stays with its other holders), batch slots and
+        host swap copy go back. Releasing a released sequence gives back nothing."""
+        if seq.status is SeqStatus.FINISHED:
+            return Released(0, 0, 0, 0)
+        queue = {SeqStatus.WAITING: self.waiting, SeqStatus.RUNNING: self.running,
+                 SeqStatus.SWAPPED: self.swapped}[seq.status]
+        if seq in queue:  # a sibling that never forked was in no queue
+            queue.remove(seq)
         seq.status = SeqStatus.FINISHED
+        reservation = self.allocator.release_reservation(seq.seq_id)
+        return Released(self.allocator.free(seq.seq_id), reservation, self.slots.release(seq.seq_id),
+                        self.mover.drop_swapped(seq.seq_id))
 
     # ------------------------------------------------------------------------------- the tick
 
@@ -151,16 +178,17 @@ class Scheduler:
         for child in children:
             self.allocator.fork(parent.seq_id, child.seq_id)
             child.num_computed = parent.num_computed
-            child.num_cached_prompt = parent.num_cached_prompt
+            child.cached_prompt_tokens = parent.cached_prompt_tokens
             child.paused = parent.paused
             child.status = SeqStatus.RUNNING
             self.running.append(child)
         self.reservation.split_at_fork(self.allocator, parent, children)
         parent.samples_to_fork = 0
 
-    def commit(self, chunk: ScheduledChunk, seq: Sequence) -> None:
+    def commit(self, chunk: ScheduledChunk) -> None:
         """Record that the forward pass computed ``chunk``: advance ``num_computed`` and tell the allocator,
         which only now offers the blocks it filled to the prefix cache (``cache_on_compute``)."""
+        seq = chunk.seq
         seq.num_computed = chunk.start + chunk.num_tokens
         self.allocator.mark_computed(seq.seq_id, seq.num_computed)
 
@@ -210,7 +238,7 @@ class Scheduler:
             return True
 
     def _add_chunk(self, out: SchedulerOutput, seq: Sequence, count: int) -> None:
-        out.chunks.append(ScheduledChunk(seq.seq_id, seq.num_computed, count,
+        out.chunks.append(ScheduledChunk(seq, seq.num_computed, count,
                                          sample=seq.num_computed + count == seq.num_tokens))
 
     # ------------------------------------------------------------------------------- preemption
@@ -283,13 +311,13 @@ class Scheduler:
         allocation = self.allocator.allocate_prompt(seq.seq_id, tokens, seq.namespace)  # fits the reservation
         self._execute_copies(allocation.copies, out)
         self.reservation.keep_output_promise(self.allocator, seq)  # phase 2: only the output's promise stays
-        cached = allocation.num_cached_tokens
+        cached = allocation.cached_prompt_tokens
         count = min(len(tokens) - cached, budget)
         self.waiting.remove(seq)
         self.slots.acquire(seq.seq_id, seq.slots_needed)
         seq.num_computed = cached
-        if seq.num_cached_prompt is None:
-            seq.num_cached_prompt = min(cached, len(seq.prompt_ids))
+        if seq.cached_prompt_tokens is None:
+            seq.cached_prompt_tokens = min(cached, len(seq.prompt_ids))
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
         out.admitted.append(seq.seq_id)

@@ -1,24 +1,32 @@
-"""One request inside the engine: its tokens, how much of them the KV cache holds, and its timestamps.
+"""One sample of a request inside the engine: its tokens, KV progress, text and timestamps, in one record.
 
-Vocabulary (all counts in tokens):
+A request with ``n`` samples has ``n`` sequences (``Sequence.request`` points back to it); the scheduler,
+the model runner and output processing all read and write the same record. Vocabulary (counts in tokens):
 
 * ``token_ids`` = prompt ids + generated ids so far;
 * ``num_computed`` = leading tokens whose K/V are in the cache (committed KV). A sequence in decode has
   ``num_computed == num_tokens - 1``: the newest sampled token still has to run through the model;
-* ``num_cached_prompt`` = prompt tokens that a prefix-cache hit supplied at first admission.
+* ``cached_prompt_tokens`` = prompt tokens that a prefix-cache hit supplied at first admission;
+* ``emitted_ids`` = generated ids whose text has reached the caller (a stop-string prefix waits).
 
 System boundary: plain bookkeeping, no tensors. The scheduler moves sequences between its queues, the
-engine appends sampled tokens and turns them into text.
+engine appends sampled tokens and turns them into text (:mod:`servelab.engine.outputs`).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from servelab.sampling import SamplingParams
+from servelab.streaming import StopStringBuffer
+
+if TYPE_CHECKING:
+    from servelab.engine.request import EngineRequest
+    from servelab.engine.sampler import TokenLogprob
 
 
 class SeqStatus(enum.Enum):
@@ -42,25 +50,43 @@ class SequenceTimes:
 
 @dataclass(eq=False)
 class Sequence:
-    """A request as the scheduler and model runner see it."""
+    """One sample of a request: what the scheduler, the model runner and output processing share."""
 
     seq_id: str
+    request: "EngineRequest"
+    index: int  # which of the request's n samples (sample i is seeded with seed + i)
     prompt_ids: list[int]
     params: SamplingParams
     arrival_index: int  # tie-breaker that makes queue order total and deterministic
     times: SequenceTimes
     generator: torch.Generator
+    detok: "IncrementalDetokenizer"
+    stops: StopStringBuffer
     namespace: str = ""
     priority: int = 0
     deadline: float | None = None  # absolute time on the engine's clock
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
-    num_cached_prompt: int | None = None  # set at first admission
+    cached_prompt_tokens: int | None = None  # set at first admission
     status: SeqStatus = SeqStatus.WAITING
     paused: bool = False  # descheduled by the caller: every tick skips it; it keeps whatever it holds
     # sibling sequences it forks into once its prompt is computed (n - 1 for a request with n samples,
     # 0 after the fork); it holds a batch slot for each of them in advance
     samples_to_fork: int = 0
+    # the text side: what the caller has been sent and what waits
+    text: str = ""
+    token_ends: list[int] = field(default_factory=list)  # decoded text length after each generated token
+    emitted_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    committed_at_end: int = 0  # num_computed when it finished (what it held just before release)
+    delta: str = ""  # text produced since the last output, not yet handed out
+    delta_ids: tuple[int, ...] = ()  # ids released since the last output
+    # logprobs (params.logprobs / params.prompt_logprobs) and the structured-output grammar's state
+    logprobs: list["TokenLogprob"] = field(default_factory=list)  # one per generated token
+    logprobs_sent: int = 0
+    prompt_logprobs: list["TokenLogprob"] = field(default_factory=list)  # prompt token i + 1 at index i
+    prompt_logprobs_sent: bool = False
+    matcher: object | None = None  # the sample's xgrammar matcher (params.grammar), made at its first step
 
     @property
     def token_ids(self) -> list[int]:

@@ -490,11 +490,11 @@ class EngineBridge:
 
     def _observe_tokens(self, tracked: _Tracked, output: RequestOutput) -> None:
         """Count new tokens; the first output with any is the TTFT, later ones inter-token gaps."""
-        new = output.usage.generated - tracked.generated
+        new = output.usage.generated_tokens - tracked.generated
         if self.metrics is None or new <= 0:
             return
         now = time.monotonic()
-        tracked.generated = output.usage.generated
+        tracked.generated = output.usage.generated_tokens
         self.metrics.tokens(tracked.tenant, generated=new)
         if tracked.last_token_at is None:
             self.metrics.ttft.observe(now - tracked.submitted)

@@ -245,11 +245,11 @@ class Exchange:
     def usage(self) -> dict:
         outputs = [p.last for p in self.prompts if p.last is not None]
         prompt_tokens = sum(p.prompt_tokens for p in self.prompts)
-        generated = 0 if self.score_only else sum(o.usage.generated for o in outputs)
+        generated = 0 if self.score_only else sum(o.usage.generated_tokens for o in outputs)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
                 "total_tokens": prompt_tokens + generated,
                 "prompt_tokens_details": {"cached_tokens": sum(o.usage.cached_prompt_tokens for o in outputs)},
-                "servelab_emitted_tokens": 0 if self.score_only else sum(o.usage.emitted for o in outputs)}
+                "servelab_emitted_tokens": 0 if self.score_only else sum(o.usage.emitted_tokens for o in outputs)}
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> bytes:
         body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
