@@ -15,6 +15,7 @@ import sys
 
 from servelab.exercises.grade import grade_submissions
 from servelab.exercises.lms import FORMATS, read_roster, write_feedback, write_sheet
+from servelab.exercises.reaper import hide_process_state
 from servelab.exercises.sandbox import Limits
 
 SEED_VARIABLE = "SERVELAB_GRADE_SEED"
@@ -65,6 +66,7 @@ def _limits(args: argparse.Namespace) -> Limits:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     args = _parser().parse_args(argv)
+    hide_process_state()  # the seed in this process's environment is not readable by submissions
     try:
         seed, limits = _seed(args.seed), _limits(args)
         roster = read_roster(args.roster) if args.roster else None

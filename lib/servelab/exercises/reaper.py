@@ -16,9 +16,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["children", "reaping", "sweep"]
+__all__ = ["children", "hide_process_state", "reaping", "sweep"]
 
-_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+_PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 4, 36, 37
 
 
 def _prctl() -> object | None:
@@ -26,6 +26,14 @@ def _prctl() -> object | None:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (AttributeError, OSError):
         return None
+
+
+def hide_process_state() -> bool:
+    """Make this process non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``): its ``/proc`` environment and
+    memory are then unreadable to other processes of the same (non-root) user, so a submission cannot
+    read ``SERVELAB_GRADE_SEED`` there. Its command line stays readable. False where there is no prctl."""
+    prctl = _prctl()
+    return prctl is not None and prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 def children() -> set[int]:
