@@ -188,9 +188,16 @@ def test_openai_client_response_format_and_guided_fields(server):
     _, body = post(server, "/chat/completions", {"messages": messages, "max_tokens": 40, "seed": 1,
                                                  "guided_json": SCHEMA})
     jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), SCHEMA)
+    quote, close = (server.engine.tokenizer.encode(c).ids[0] for c in ('"', "}"))
+    _, body = post(server, "/chat/completions", {"messages": messages, "max_tokens": 40, "temperature": 0,
+                                                 "response_format": {"type": "json_object"},
+                                                 "logit_bias": {str(quote): 30, str(close): 30}})
+    assert isinstance(json.loads(body["choices"][0]["message"]["content"]), dict)  # the bias closes it quickly
+    assert body["choices"][0]["finish_reason"] == "stop"
     with urllib.request.urlopen(server.url.removesuffix("/v1") + "/metrics") as resp:
         metrics = parse_metrics(resp.read().decode())
-    assert metrics.value("servelab:grammar_compile_seconds_count", model_name=MODEL) == 6
+    assert metrics.value("servelab:grammar_compile_seconds_count", model_name=MODEL) == 7
+    assert metrics.value("servelab:time_to_first_token_seconds_count", model_name=MODEL) == 7
 
 
 @pytest.mark.parametrize("body, param, needle", [
