@@ -191,7 +191,9 @@ def _edit_config(directory: Path, **changes) -> None:
     ({"hidden_size": ...}, "hidden_size"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"attention_bias": True}, "attention_bias"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "'llama3' needs low_freq_factor, high_freq_factor"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"'yarn' is not supported \(supported: default, linear"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "'dynamic' is not supported"),
 ])
 def test_rejects_non_llama_config(tiny_dir, changes, message):
     _edit_config(tiny_dir, **changes)

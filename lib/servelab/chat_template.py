@@ -4,8 +4,13 @@ A Hugging Face model folder ships its template as Jinja source, in ``chat_templa
 ``chat_template`` key of ``tokenizer_config.json`` (a string, or a list of named templates of which
 ``"default"`` is the one used). It is rendered the way ``transformers`` renders it: a sandboxed Jinja
 environment with ``trim_blocks`` and ``lstrip_blocks``, the variables ``messages`` and
-``add_generation_prompt``, the tokenizer's special tokens (``bos_token``, ``eos_token``, ...) and a
-``raise_exception`` function.
+``add_generation_prompt``, the tokenizer's special tokens (``bos_token``, ``eos_token``, ...), a
+``raise_exception`` function and ``strftime_now`` (Llama 3's templates print today's date).
+
+The token ids of a chat are :func:`chat_token_ids`: the rendered text encoded *without* the tokenizer's
+own additions (a template that writes ``{{ bos_token }}`` must not get a second BOS), with the special
+tokens in the text parsed as specials; exactly ``transformers``'
+``apply_chat_template(messages, add_generation_prompt=True, tokenize=True)``.
 
 System boundary: files of a model folder and a list of ``{"role": str, "content": str}`` dicts in, one
 ``str`` out (tokenising it is the engine's business). Needs the ``jinja2`` package, only when a template
@@ -15,10 +20,11 @@ is rendered.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ChatTemplate", "apply_chat_template", "load_chat_template"]
+__all__ = ["ChatTemplate", "apply_chat_template", "chat_token_ids", "load_chat_template"]
 
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -96,6 +102,14 @@ def apply_chat_template(messages: list[dict], template: ChatTemplate, add_genera
         raise ValueError(f"the chat template rejected the messages: {exc}") from None
 
 
+def chat_token_ids(template: ChatTemplate, tokenizer, messages: list[dict],
+                   add_generation_prompt: bool = True) -> list[int]:
+    """The prompt ids of ``messages``: the rendered text encoded by the ``tokenizers.Tokenizer`` with
+    ``add_special_tokens=False`` (the template already wrote any BOS); specials in the text stay whole."""
+    return tokenizer.encode(apply_chat_template(messages, template, add_generation_prompt),
+                            add_special_tokens=False).ids
+
+
 def _check_messages(messages: object) -> None:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {'role': str, 'content': str} dicts")
@@ -121,4 +135,5 @@ def _compile(source: str):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.policies["json.dumps_kwargs"] = {"ensure_ascii": False}
     env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)

@@ -87,7 +87,7 @@ class LLMEngine(RequestControls):
         self._pending: list[RequestOutput] = []  # final outputs of requests ended between steps
         self._arrivals = itertools.count()
         self._seed_rng = random.Random(config.seed)
-        self._eos = model.config.eos_token_id
+        self._eos = frozenset(model.config.eos_token_ids)  # every id in config.json / generation_config.json
 
     @classmethod
     def from_pretrained(cls, path_or_id: str | Path | None = None, *, allow_download: bool = False,

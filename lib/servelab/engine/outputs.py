@@ -12,6 +12,7 @@ resources (the engine's one terminal path does that through ``servelab.lifecycle
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 
@@ -66,14 +67,15 @@ class RequestOutput:
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
-def accept_token(seq: Sequence, token: int | None, now: float, eos: int | None,
+def accept_token(seq: Sequence, token: int | None, now: float, eos: Collection[int],
                  max_model_len: int) -> tuple[str | None, str]:
     """Append a sampled token and produce its text. Returns the stop condition it fired (None if none:
-    ``"eos"``, ``"stop"``, ``"length"`` or ``"failed"``) and, for ``"failed"``, why."""
+    ``"eos"`` (``token`` is one of the ``eos`` ids), ``"stop"``, ``"length"`` or ``"failed"``) and, for
+    ``"failed"``, why."""
     if token is None:
         return "failed", "the hard constraints mask every token"
     seq.output_ids.append(token)
-    if token == eos and not seq.params.ignore_eos:
+    if token in eos and not seq.params.ignore_eos:
         return "eos", ""
     try:
         delta = seq.stops.push(seq.detok.update(seq.output_ids))

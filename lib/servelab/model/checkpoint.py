@@ -1,7 +1,7 @@
 """Saving and loading Llama checkpoints in the Hugging Face folder layout.
 
-A checkpoint folder holds ``config.json`` (HF keys, ``model_type: "llama"``) and ``model.safetensors``
-(HF tensor names). With tied embeddings the file stores only ``model.embed_tokens.weight``, as
+A checkpoint folder holds ``config.json`` (HF keys; a family of :mod:`servelab.model.families`) and
+``model.safetensors`` (HF tensor names), or shards listed by ``model.safetensors.index.json``. With tied embeddings the file stores only ``model.embed_tokens.weight``, as
 ``transformers`` does; ``lm_head.weight`` is the same tensor. Folders written here load in
 ``transformers.LlamaForCausalLM``, and Llama-family folders from the Hub (e.g. SmolLM2-135M) load here.
 
@@ -19,12 +19,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from servelab.device import pick_device
+from servelab.model.families import config_from_hf
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM, pack_hf_state, unpack_to_hf_state
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-REQUIRED_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size",
-                        "num_hidden_layers", "num_attention_heads")
+INDEX_FILE = "model.safetensors.index.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 _ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
@@ -59,40 +60,42 @@ def save_checkpoint(model: LlamaForCausalLM, directory: str | Path) -> Path:
 
 
 def llama_config_from_hf(cfg: dict) -> LlamaConfig:
-    """Validate a parsed HF ``config.json`` as a plain Llama and convert it.
-
-    Rejects other architectures, missing size keys, biases, non-SiLU activations and RoPE scaling,
-    none of which :class:`LlamaForCausalLM` implements.
-    """
-    if not isinstance(cfg, dict):
-        raise TypeError(f"config must be a dict, got {type(cfg).__name__}")
-    if cfg.get("model_type") != "llama":
-        raise ValueError(f"config model_type must be 'llama', got {cfg.get('model_type')!r}")
-    architectures = cfg.get("architectures") or ["LlamaForCausalLM"]
-    if "LlamaForCausalLM" not in architectures:
-        raise ValueError(f"config architectures must include 'LlamaForCausalLM', got {architectures!r}")
-    missing = [k for k in REQUIRED_CONFIG_KEYS if cfg.get(k) is None]
-    if missing:
-        raise ValueError(f"config is missing required keys: {', '.join(missing)}")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"config hidden_act must be 'silu', got {cfg['hidden_act']!r}")
-    for key in ("attention_bias", "mlp_bias"):
-        if cfg.get(key):
-            raise ValueError(f"config {key} must be false: this model has no biases")
-    return LlamaConfig.from_hf_dict(cfg | _rope_settings(cfg) | {
-        "num_key_value_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"]})
+    """Validate a parsed HF ``config.json`` of a supported family and convert it; see
+    :func:`servelab.model.families.config_from_hf`."""
+    return config_from_hf(cfg)
 
 
-def _rope_settings(cfg: dict) -> dict:
-    """``rope_theta`` from either the classic top-level key or transformers 5's ``rope_parameters``."""
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    for source, name in ((params, "rope_parameters"), (scaling, "rope_scaling")):
-        rope_type = source.get("rope_type", source.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"config {name} has rope_type {rope_type!r}; only 'default' RoPE is supported")
-    theta = params.get("rope_theta", cfg.get("rope_theta"))
-    return {} if theta is None else {"rope_theta": float(theta)}
+def eos_token_ids(directory: Path, cfg: LlamaConfig) -> tuple[int, ...]:
+    """Every EOS id of ``config.json`` and ``generation_config.json`` (config's first, in order, no repeats):
+    a Llama 3 Instruct turn ends with ``<|eot_id|>``, which only one of the two files may list."""
+    ids = list(cfg.eos_token_ids)
+    generation = directory / GENERATION_CONFIG_FILE
+    if generation.is_file():
+        extra = json.loads(generation.read_text()).get("eos_token_id")
+        for token in extra if isinstance(extra, list) else [] if extra is None else [extra]:
+            if not isinstance(token, int) or isinstance(token, bool):
+                raise ValueError(f"{generation}: eos_token_id must be an int or a list of ints, got {extra!r}")
+            if token not in ids:
+                ids.append(token)
+    return tuple(ids)
+
+
+def load_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of ``model.safetensors``, or of the shards ``model.safetensors.index.json`` lists."""
+    if (directory / WEIGHTS_FILE).is_file():
+        return load_file(str(directory / WEIGHTS_FILE), device="cpu")
+    if not (directory / INDEX_FILE).is_file():
+        raise ValueError(f"directory {directory} has neither {WEIGHTS_FILE} nor {INDEX_FILE} "
+                         "(only safetensors is read, never pickled .bin files)")
+    weight_map = json.loads((directory / INDEX_FILE).read_text()).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{directory / INDEX_FILE} has no 'weight_map' of tensor name -> shard file")
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if Path(shard).name != shard or not (directory / shard).is_file():
+            raise ValueError(f"{directory / INDEX_FILE} lists shard {shard!r}, which is not a file in {directory}")
+        state.update(load_file(str(directory / shard), device="cpu"))
+    return state
 
 
 def check_state_dict(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> None:
@@ -122,11 +125,13 @@ def load_checkpoint(directory: str | Path | None = None, device: str | torch.dev
     """
     directory = Path(default_model_dir() if directory is None else directory)
     device, dtype = pick_device(device, dtype)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (directory / name).is_file():
-            raise ValueError(f"directory {directory} has no {name} (only single-file safetensors is read)")
+    if not (directory / CONFIG_FILE).is_file():
+        raise ValueError(f"directory {directory} has no {CONFIG_FILE}")
     cfg = llama_config_from_hf(json.loads((directory / CONFIG_FILE).read_text()))
-    state = load_file(str(directory / WEIGHTS_FILE), device="cpu")
+    cfg.eos_token_id = list(eos_token_ids(directory, cfg))
+    state = load_weights(directory)
+    if cfg.tie_word_embeddings:  # some tied checkpoints store the head too; the embedding is the one used
+        state.pop("lm_head.weight", None)
     check_state_dict(state, cfg)
     model = LlamaForCausalLM(cfg)
     model.load_state_dict(pack_hf_state({k: v.float() for k, v in state.items()}, cfg),

@@ -1,7 +1,15 @@
 """A Llama-architecture decoder in plain PyTorch, with Hugging Face parameter names.
 
 RMSNorm, rotary position embeddings (RoPE), grouped-query attention (fewer KV heads than query heads)
-and a SwiGLU MLP: the same blocks as Llama 2/3 and SmolLM2. Parameter names follow the Hugging Face
+and a SwiGLU MLP: the same blocks as Llama 2/3 and SmolLM2.
+
+A *family* is a few named differences of this one model, each a :class:`LlamaConfig` field read in
+one place (:mod:`servelab.model.families` maps a ``config.json`` onto them):
+
+* ``qkv_bias`` (Qwen2/2.5): the q, k and v projections have biases (:class:`LlamaAttention`);
+* ``qk_norm`` (Qwen3): an RMSNorm over each query and key head before RoPE (:class:`LlamaAttention`);
+* ``rope_scaling`` (Llama 3.x ``llama3``, ``linear``): RoPE's frequencies rescaled (:func:`rope_inv_freq`).
+ Parameter names follow the Hugging Face
 layout (``model.layers.0.self_attn.o_proj.weight`` ...), with one difference that serving engines make
 too: the q, k and v projections are *packed* into one matrix (``qkv_proj``), and so are the gate and up
 projections (``gate_up_proj``), so one matmul does the work of three (or two). :data:`PACKED_PROJECTIONS`,
@@ -26,6 +34,7 @@ model itself is indifferent to the leading dims.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
@@ -49,8 +58,12 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True
     bos_token_id: int = 0
-    eos_token_id: int = 0
+    eos_token_id: int | list[int] = 0  # a list: every id ends a sequence (Llama 3 Instruct has three)
     head_dim: int | None = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear", "factor": ..., ...}; None: plain
+    model_type: str = "llama"
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -73,14 +86,20 @@ class LlamaConfig:
         """Build from a parsed HF ``config.json``; unknown keys are kept in ``extra``."""
         known = {f for f in cls.__dataclass_fields__ if f != "extra"}
         kwargs = {k: cfg[k] for k in known if k in cfg and cfg[k] is not None}
-        eos = kwargs.get("eos_token_id")
-        if isinstance(eos, list):  # some checkpoints list several EOS ids; the first is the canonical one
-            kwargs["eos_token_id"] = eos[0]
         return cls(**kwargs, extra={k: v for k, v in cfg.items() if k not in known})
 
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every id that ends a sequence."""
+        eos = self.eos_token_id
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+
     def to_hf_dict(self) -> dict:
-        """The HF ``config.json`` content for this configuration."""
-        cfg = {k: v for k, v in asdict(self).items() if k != "extra"}
+        """The HF ``config.json`` content for this (plain Llama) configuration."""
+        if self.qkv_bias or self.qk_norm or self.rope_scaling or self.model_type != "llama":
+            raise ValueError(f"to_hf_dict writes plain Llama configs only, not a {self.model_type!r} one")
+        cfg = {k: v for k, v in asdict(self).items()
+               if k not in ("extra", "qkv_bias", "qk_norm", "rope_scaling")}
         cfg.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                     "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
                     "torch_dtype": "float32"})
@@ -115,21 +134,46 @@ class RMSNorm(nn.Module):
 
 
 @functools.lru_cache(maxsize=8)
-def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device,
+                  scaling: tuple[tuple[str, object], ...] = ()) -> torch.Tensor:
     """RoPE's inverse frequencies ``theta ** (-2i / head_dim)``, float32 ``[head_dim / 2]``: computed once
-    per (head_dim, theta, device), not in every forward pass. Callers must not modify the result."""
-    return 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    per (head_dim, theta, device, scaling), not in every forward pass. Callers must not modify the result.
+
+    ``scaling`` is ``rope_scaling``'s items: ``linear`` divides every frequency by ``factor`` (positions
+    stretched); ``llama3`` divides only the low frequencies (wavelengths over
+    ``original_max_position_embeddings / low_freq_factor``) and blends smoothly up to the high ones
+    (wavelengths under ``... / high_freq_factor``, kept), as transformers' ``_compute_llama3_parameters``."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    params = dict(scaling)
+    kind = params.get("rope_type", "default")
+    if kind == "linear":
+        return inv_freq / params["factor"]
+    if kind == "llama3":
+        factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+        old_context = params["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+        smooth = (old_context / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_key(scaling: dict | None) -> tuple[tuple[str, object], ...]:
+    """``rope_scaling`` as the hashable key :func:`rope_inv_freq` caches on."""
+    return tuple(sorted((scaling or {}).items()))
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                 scaling: tuple[tuple[str, object], ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE tables ``(cos, signed_sin)`` for the given absolute positions, ``[*positions.shape, 1, head_dim]``.
 
     Angles are computed in float32 (position times inverse frequency) and only then cast to ``dtype``.
     ``signed_sin`` is ``(-sin, +sin)`` over the two halves of the head: the sign of the "rotate_half"
     convention, folded in once per forward pass instead of once per layer (see :func:`apply_rope`).
     """
-    angles = positions.float()[..., None] * rope_inv_freq(head_dim, theta, positions.device)  # [*pos, d/2]
+    angles = positions.float()[..., None] * rope_inv_freq(head_dim, theta, positions.device, scaling)  # [*pos, d/2]
     sin = angles.sin()
     cos = angles.cos()
     return (torch.cat((cos, cos), dim=-1)[..., None, :].to(dtype),
@@ -148,21 +192,29 @@ class LlamaAttention(nn.Module):
 
     ``qkv_proj`` is HF's ``q_proj``, ``k_proj`` and ``v_proj`` stacked along the output dim: its output is
     ``n_heads`` query heads, then ``n_kv`` key heads, then ``n_kv`` value heads, so RoPE rotates the
-    query and key heads in one call.
+    query and key heads in one call. Family differences: ``qkv_bias`` gives the packed projection a bias
+    (Qwen2); ``qk_norm`` adds ``q_norm`` / ``k_norm``, RMSNorms over ``head_dim`` applied to every query
+    and key head before RoPE (Qwen3).
     """
 
     def __init__(self, cfg: LlamaConfig, layer: int) -> None:
         super().__init__()
         self.layer, self.n_heads, self.n_kv, self.d = (
             layer, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.n_heads + 2 * self.n_kv) * self.d, bias=False)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.n_heads + 2 * self.n_kv) * self.d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * self.d, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
         lead = x.shape[:-1]
         qkv = self.qkv_proj(x).view(*lead, self.n_heads + 2 * self.n_kv, self.d)
         qk, v = qkv.split([self.n_heads + self.n_kv, self.n_kv], dim=-2)
+        if hasattr(self, "q_norm"):
+            q, k = qk.split([self.n_heads, self.n_kv], dim=-2)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=-2)
         q, k = apply_rope(qk, cos, sin).split([self.n_heads, self.n_kv], dim=-2)
         out = backend(self.layer, q, k, v)
         return self.o_proj(out.reshape(*lead, self.n_heads * self.d))
@@ -208,6 +260,7 @@ PACKED_PROJECTIONS: dict[str, tuple[str, ...]] = {
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
 """Each packed projection of a decoder layer and the Hugging Face projections stacked in it, in order."""
+_PARAM_KINDS = ("weight", "bias")
 
 
 def _part_sizes(cfg: LlamaConfig) -> dict[str, list[int]]:
@@ -224,13 +277,13 @@ def unpack_to_hf_state(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict
     sizes = _part_sizes(cfg)
     hf: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
-        packed = next((p for p in PACKED_PROJECTIONS if name.endswith(f".{p}.weight")), None)
+        packed = next((p for p in PACKED_PROJECTIONS for kind in _PARAM_KINDS if name.endswith(f".{p}.{kind}")), None)
         if packed is None:
             hf[name] = tensor
             continue
-        prefix = name[: -len(f"{packed}.weight")]
+        prefix, kind = name[: -len(f"{packed}.") - len(name.rpartition(".")[2])], name.rpartition(".")[2]
         for part, rows in zip(PACKED_PROJECTIONS[packed], tensor.split(sizes[packed])):
-            hf[f"{prefix}{part}.weight"] = rows
+            hf[f"{prefix}{part}.{kind}"] = rows
     return hf
 
 
@@ -241,8 +294,10 @@ def pack_hf_state(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str,
     for layer in range(cfg.num_hidden_layers):
         prefix = f"model.layers.{layer}."
         for packed, parts in PACKED_PROJECTIONS.items():
-            names = [f"{prefix}{part}.weight" for part in parts]
-            packed_state[f"{prefix}{packed}.weight"] = torch.cat([packed_state.pop(n) for n in names])
+            for kind in _PARAM_KINDS:
+                names = [f"{prefix}{part}.{kind}" for part in parts]
+                if names[0] in packed_state:
+                    packed_state[f"{prefix}{packed}.{kind}"] = torch.cat([packed_state.pop(n) for n in names])
     return packed_state
 
 
@@ -261,7 +316,8 @@ class LlamaForCausalLM(nn.Module):
                       backend: AttentionBackend) -> torch.Tensor:
         """Final-norm hidden states, ``[*input_ids.shape, hidden_size]``."""
         x = self.model.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype,
+                                rope_key(self.config.rope_scaling))
         for layer in self.model.layers:
             x = layer(x, cos, sin, backend)
         return self.model.norm(x)

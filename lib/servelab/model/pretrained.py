@@ -28,9 +28,10 @@ from servelab.model.tokenizer import load_tokenizer
 
 __all__ = ["HUB_FILES", "SMOLLM2_135M_CONFIG", "Pretrained", "load_pretrained", "resolve_checkpoint"]
 
-HUB_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-             "chat_template.jinja", "generation_config.json")
-"""What a Hub download fetches: the files this loader reads, nothing else (no pickles, no other formats)."""
+HUB_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
+             "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+"""What a Hub download fetches (``allow_patterns``): the files this loader reads, single-file or sharded
+safetensors, nothing else (no pickles, no other formats)."""
 
 SMOLLM2_135M_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
