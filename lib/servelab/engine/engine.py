@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +39,8 @@ from servelab.chat_template import ChatTemplate
 from servelab.engine.config import EngineConfig
 from servelab.engine.control import EngineStats, RequestControls
 from servelab.engine.model_runner import ForwardInput, ModelRunner, resolve_device_dtype
-from servelab.engine.outputs import RequestOutput, SampleOutput, accept_token, request_output, settle, usage
+from servelab.engine.outputs import (RequestOutput, SampleOutput, StepOutputs, accept_token, request_output, settle,
+                                     usage)
 from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, EngineRequest, lifecycle_state, new_request
 from servelab.engine.sampler import SamplingRow, sample_tokens
 from servelab.engine.scheduler import Scheduler, SchedulerOutput
@@ -73,9 +75,10 @@ class LLMEngine(RequestControls):
         self.scheduler = Scheduler(config, self.allocator, self.runner, self.slots, self.max_model_len)
         self.validator = RequestValidator(tokenizer, model.config.vocab_size, self.max_model_len, config,
                                           self.runner.num_blocks, self.scheduler.reservation)
-        self.ledger = Ledger()
-        self.trace: list[StepRecord] = []
+        self.ledger = Ledger(max_records=config.ledger_size)
+        self.trace: deque[StepRecord] = deque(maxlen=config.trace_steps)  # stays empty when tracing is off
         self.last_schedule: SchedulerOutput | None = None  # the most recent scheduler tick, for inspection
+        self.num_steps = 0  # steps in which something happened (the trace's step numbers)
         self._requests: dict[str, EngineRequest] = {}  # live requests; each sequence points to its own
         self._pending: list[RequestOutput] = []  # final outputs of requests ended between steps
         self._arrivals = itertools.count()
@@ -142,30 +145,37 @@ class LLMEngine(RequestControls):
         """True while some request has not ended (or an ended one's final output is not yet returned)."""
         return bool(self._requests or self._pending)
 
-    def step(self) -> list[RequestOutput]:
-        """Run one iteration; returns the outputs (deltas) it produced, finished requests included.
+    def step(self) -> StepOutputs:
+        """Run one iteration; returns the outputs (deltas) it produced, finished requests included, as a
+        list that also names the requests admitted and counts the sequences preempted this step.
 
         Phases: schedule -> prepare inputs -> forward -> sample -> process outputs (:meth:`_run`).
-        A step in which nothing happened returns ``[]`` and leaves no trace record.
+        A step in which nothing happened returns an empty list and leaves no trace record.
         """
-        record = StepRecord(step=len(self.trace), start=self.clock())
+        start = self.clock()
+        record = StepRecord(step=self.num_steps, start=start) if self.config.trace_steps else None
         outputs, self._pending = self._pending, []
-        outputs += self._expire_deadlines(record.start)
+        outputs += self._expire_deadlines(start)
         sched = self.last_schedule = self.scheduler.schedule()
-        outputs += self._fail_unschedulable() if sched.is_empty else self._run(sched, record)
+        outputs += self._fail_unschedulable() if sched.is_empty else self._run(sched, start, record)
         if sched.is_empty and not (outputs or sched.preempted or sched.swapped_out or sched.swapped_in):
-            return outputs
-        finished = {o.request_id: o.finish_reason for o in outputs if o.finished}
-        record.close(sched, self.allocator, self.scheduler, finished, self.clock())
-        self.trace.append(record)
-        return outputs
+            return StepOutputs(outputs)
+        self.num_steps += 1
+        if record is not None:
+            finished = {o.request_id: o.finish_reason for o in outputs if o.finished}
+            record.close(sched, self.allocator, self.scheduler, finished, self.clock())
+            self.trace.append(record)
+        admitted = set(sched.admitted)
+        return StepOutputs(outputs, tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks
+                                                        if c.seq_id in admitted)),
+                           len(sched.preempted) + len(sched.swapped_out))
 
     # ------------------------------------------------------------------------------------------ the phases
 
-    def _run(self, sched: SchedulerOutput, record: StepRecord) -> list[RequestOutput]:
+    def _run(self, sched: SchedulerOutput, start: float, record: StepRecord | None) -> list[RequestOutput]:
         """Phases 2-5 of a non-empty tick. A failing forward pass fails every request in the batch, a
         failing sampler every sampled one; either way through the one terminal path, nothing leaks."""
-        batch = self._prepare_inputs(sched, record)
+        batch = self._prepare_inputs(sched, start, record)
         try:
             logits = self.runner.execute(batch)
         except Exception as exc:
@@ -179,14 +189,15 @@ class LLMEngine(RequestControls):
             return self._fail([seq for seq, _ in picks], exc)
         return self._process_outputs([seq for seq, _ in picks], tokens)
 
-    def _prepare_inputs(self, sched: SchedulerOutput, record: StepRecord) -> ForwardInput:
-        """Phase 2: the tick's chunks as one flat batch; the trace records what each chunk computes."""
+    def _prepare_inputs(self, sched: SchedulerOutput, start: float, record: StepRecord | None) -> ForwardInput:
+        """Phase 2: the tick's chunks as one flat batch; the trace (when on) records what each computes."""
         rows = []
         for chunk in sched.chunks:
             seq = chunk.seq
-            record.add_chunk(chunk, len(seq.prompt_ids))
+            if record is not None:
+                record.add_chunk(chunk, len(seq.prompt_ids))
             if seq.times.first_scheduled is None:
-                seq.times.first_scheduled = record.start
+                seq.times.first_scheduled = start
             rows.append((chunk, seq, self.allocator.block_table(seq.seq_id)))
         return ForwardInput.from_chunks(rows)
 

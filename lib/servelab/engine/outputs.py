@@ -57,6 +57,19 @@ class RequestOutput:
     samples: tuple[SampleOutput, ...] = ()
 
 
+class StepOutputs(list):
+    """What one :meth:`~servelab.engine.LLMEngine.step` returns: its :class:`RequestOutput` list, plus
+    ``admitted`` (ids of the requests a tick admitted this step, readmissions included) and
+    ``num_preempted`` (sequences preempted this step, by recompute or swap): what a server loop needs
+    without reading the engine's inspection fields."""
+
+    def __init__(self, outputs: list[RequestOutput] = (), admitted: tuple[str, ...] = (),
+                 num_preempted: int = 0) -> None:
+        super().__init__(outputs)
+        self.admitted = admitted
+        self.num_preempted = num_preempted
+
+
 def accept_token(seq: Sequence, token: int | None, now: float, eos: int | None,
                  max_model_len: int) -> tuple[str | None, str]:
     """Append a sampled token and produce its text. Returns the stop condition it fired (None if none:
