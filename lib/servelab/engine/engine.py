@@ -18,8 +18,8 @@ each sample draws its first token from the same last-position logits with its ow
 and the first write into the shared partial tail is copied on write. A sample that finishes while
 siblings go on is released at once; the request ends when the last sample does.
 
-Cancel, pause / resume (a third kind of preemption: compute freed, KV kept), ``stream`` and ``generate``
-live in :mod:`servelab.engine.control`. System boundary: timestamps come from the injected ``clock``
+Cancel and pause / resume (a third kind of preemption: compute freed, KV kept) are methods here; the
+``stream`` and ``generate`` drivers live in :mod:`servelab.engine.control`. System boundary: timestamps come from the injected ``clock``
 (seconds) at the engine API: arrival is ``add_request``, an emit is the end of the step that hands a token
 to the caller; what is in front of the engine (network, HTTP, queueing) is outside.
 """
@@ -30,16 +30,17 @@ import itertools
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence as SequenceOf
 from pathlib import Path
 
 import torch
 
 from servelab.chat_template import ChatTemplate
 from servelab.engine.config import EngineConfig
-from servelab.engine.control import EngineStats, RequestControls
+from servelab.engine import control
+from servelab.engine.control import EngineStats
 from servelab.engine.model_runner import ForwardInput, ModelRunner, resolve_device_dtype
-from servelab.engine.outputs import (RequestOutput, SampleOutput, StepOutputs, accept_token, request_output, settle,
+from servelab.engine.outputs import (RequestOutput, SampleOutput, StepOutputs, accept_token, request_output, finish_text,
                                      usage)
 from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, EngineRequest, lifecycle_state, new_request
 from servelab.engine.sampler import SamplingRow, sample_tokens
@@ -55,7 +56,7 @@ from servelab.sampling import SamplingParams
 __all__ = ["FINISH_REASONS", "EngineStats", "LLMEngine", "RequestOutput", "SampleOutput", "Usage"]
 
 
-class LLMEngine(RequestControls):
+class LLMEngine:
     """A small continuous-batching engine over a paged KV cache. See the module docstring."""
 
     chat_template: ChatTemplate | None = None  # the checkpoint's, set by from_pretrained; None: it has none
@@ -170,6 +171,72 @@ class LLMEngine(RequestControls):
                                                         if c.seq_id in admitted)),
                            len(sched.preempted) + len(sched.swapped_out))
 
+    # ------------------------------------------------------------------------------------------ controls
+
+    def stats(self) -> EngineStats:
+        """Sequences running, waiting and swapped out now, and the KV pool's used fraction (what the
+        server's ``/metrics`` and its queue limit read: public questions, not the scheduler's lists)."""
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
+                           self.allocator.num_used_blocks / self.allocator.num_blocks)
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request; its final output (``finish_reason="cancelled"``) comes from the next step.
+
+        Returns False when it had already ended. Raises KeyError for an id this engine never issued.
+        """
+        request = self._live(request_id)
+        if request is None:
+            return False
+        self._pending.append(self._end(request, "cancelled"))
+        return True
+
+    def pause(self, request_id: str) -> bool:
+        """Deschedule a request until :meth:`resume`: no step computes or samples it meanwhile.
+
+        It keeps everything it holds: a running request its KV blocks (and any reservation) and its
+        batch slot, so this frees compute, not memory (KV pressure can still preempt it by recompute or
+        swap). A waiting request is not admitted, a swapped one not swapped in. A request in decode
+        is in BACKPRESSURED (the lifecycle's paused-with-KV state) while paused; in other stages its
+        lifecycle state stays. Its deadline still runs and :meth:`cancel` still works, both through the one reclaim path.
+        Pausing a paused request changes nothing. Returns False when it had already ended; KeyError for
+        an unknown id.
+        """
+        return self._set_paused(request_id, True)
+
+    def resume(self, request_id: str) -> bool:
+        """Undo :meth:`pause`: the next step schedules the request again, from exactly where it stopped.
+
+        BACKPRESSURED goes back to DECODE. Resuming a request that is not paused changes nothing.
+        Returns False when it had already ended; KeyError for an unknown id.
+        """
+        return self._set_paused(request_id, False)
+
+    def abort(self, request_id: str) -> bool:
+        """:meth:`cancel` whose final output is dropped instead of returned (the caller is gone)."""
+        if not self.cancel(request_id):
+            return False
+        self._pending = [o for o in self._pending if o.request_id != request_id]
+        return True
+
+    def stream(self, prompt: str | list[int], params: SamplingParams, **kwargs) -> Iterator[str]:
+        """Yield the text deltas of one new request as steps produce them (see :func:`control.stream`)."""
+        return control.stream(self, prompt, params, **kwargs)
+
+    def generate(self, prompts: SequenceOf[str | list[int]] | str,
+                 params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:
+        """Offline batch: run all ``prompts`` to completion; each one's final output, in order
+        (see :func:`control.generate`)."""
+        return control.generate(self, prompts, params)
+
+    def _set_paused(self, request_id: str, paused: bool) -> bool:
+        """Flag every sample of a live request (its lifecycle state, DECODE <-> BACKPRESSURED, follows)."""
+        request = self._live(request_id)
+        if request is None:
+            return False
+        for seq in request.seqs:
+            seq.paused = paused
+        return True
+
     # ------------------------------------------------------------------------------------------ the phases
 
     def _run(self, sched: SchedulerOutput, start: float, record: StepRecord | None) -> list[RequestOutput]:
@@ -182,7 +249,7 @@ class LLMEngine(RequestControls):
             return self._fail([c.seq for c in sched.chunks], exc)
         for chunk in sched.chunks:  # the KV of every chunk is now in the pool
             self.scheduler.commit(chunk)
-        picks = self._fork_finished_prompts([c.seq for c in sched.chunks if c.sample])
+        picks = self._fork_finished_prompts([c.seq for c in sched.chunks if c.emits_token])
         try:
             tokens = self._sample(logits, picks)
         except Exception as exc:
@@ -224,7 +291,7 @@ class LLMEngine(RequestControls):
                 failures[request] = detail
             elif reason is not None:
                 stops[request].append((seq, reason))
-        return [self._conclude(r, stops[r], failures.get(r)) for r in stops]
+        return [self._finish_stopped(r, stops[r], failures.get(r)) for r in stops]
 
     def _fork_finished_prompts(self, sampled: list[Sequence]) -> list[tuple[Sequence, int]]:
         """Fork each request whose prompt just got computed into its ``n`` samples.
@@ -246,9 +313,9 @@ class LLMEngine(RequestControls):
                 picks.append((seq, row))
         return picks
 
-    def _conclude(self, request: EngineRequest, stops: list[tuple[Sequence, str]],
+    def _finish_stopped(self, request: EngineRequest, stops: list[tuple[Sequence, str]],
                   failure: str | None) -> RequestOutput:
-        """This step's output for a request with sampled tokens: settle the samples that stopped, release
+        """This step's output for a request with sampled tokens: finish the text of the samples that stopped, release
         them early when siblings go on, and end the request once no sample is left."""
         if failure is not None:
             return self._end(request, "failed", detail=failure)
@@ -256,7 +323,7 @@ class LLMEngine(RequestControls):
             return request_output(request.request_id, request.seqs, request.finish_reason)
         now = self.clock()
         for seq, reason in stops:
-            settle(seq, reason, now)
+            finish_text(seq, reason, now)
         if all(s.finish_reason is not None for s in request.seqs):
             return self._end(request, stops[-1][1], at=now)
         for seq, _ in stops:  # siblings still decode: its blocks, reservation and slot go back now
@@ -283,7 +350,7 @@ class LLMEngine(RequestControls):
         return [self._end(r, "failed", detail=repr(exc)) for r in requests]
 
     def _end(self, request: EngineRequest, reason: str, detail: str = "", at: float | None = None) -> RequestOutput:
-        """The one terminal path: settle every unfinished sample with ``reason``, release every sequence
+        """The one terminal path: finish the text of every unfinished sample with ``reason``, release every sequence
         through ``Scheduler.release``, write the request's one terminal record.
 
         ``at`` is the end time when the caller already read the clock for it.
@@ -292,7 +359,7 @@ class LLMEngine(RequestControls):
         from_state = lifecycle_state(request)
         for seq in request.seqs:
             if seq.finish_reason is None:
-                settle(seq, reason, now)
+                finish_text(seq, reason, now)
         request.finish_reason = reason
         released = [self.scheduler.release(seq) for seq in request.seqs]
         self.ledger.append(TerminalRecord(

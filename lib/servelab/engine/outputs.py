@@ -3,7 +3,7 @@
 For each sampled token of each sample: append it, detokenise incrementally, pass the text through the
 stop-string buffer (which holds back a tail that could still start a stop string), check EOS / stop /
 length, and hand out the token ids whose text has reached the caller (stamping their emit time). When a
-sample ends, :func:`settle` releases or drops what was held back. :func:`request_output` builds the
+sample ends, `finish_text` releases or drops what was held back. :func:`request_output` builds the
 step's :class:`RequestOutput` and clears the pending deltas.
 
 System boundary: text and token ids of one engine; times are the engine clock's seconds. It frees no
@@ -109,7 +109,7 @@ def release_ids(seq: Sequence, now: float, partial: bool = False) -> tuple[int, 
     return tuple(new)
 
 
-def settle(seq: Sequence, reason: str, now: float) -> None:
+def finish_text(seq: Sequence, reason: str, now: float) -> None:
     """Finish one sample's text: a normal end (length, EOS) releases the text held back for a possible
     stop string; a stop match releases the ids of tokens its text reaches into; cancelled, timed-out
     and failed samples drop whatever was still held (the client never sees it)."""
