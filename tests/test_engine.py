@@ -340,7 +340,7 @@ def test_trace_shows_mixed_batches_under_the_token_budget(model, tokenizer):
     shorts = [engine.add_request(p[:3], params) for p in make_prompts(11, 2)]
     engine.step()
     tick = engine.last_schedule  # one scheduler tick: both 3-token prompts whole, first tokens sampled
-    assert [(c.seq_id, c.start, c.num_tokens, c.sample) for c in tick.chunks] == [(s, 0, 3, True) for s in shorts]
+    assert [(c.seq_id, c.start, c.num_tokens, c.emits_token) for c in tick.chunks] == [(s, 0, 3, True) for s in shorts]
     assert tick.admitted == shorts and tick.num_batched_tokens == 6
     long = engine.add_request(make_prompts(12, 1, shared_prefix=40)[0], params)
     while engine.has_unfinished():

@@ -21,6 +21,7 @@ uses; the engine performs the actual KV copies and closes the client stream.
 from __future__ import annotations
 
 import threading
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -433,11 +434,20 @@ class TerminalRecord:
 
 
 class Ledger:
-    """Append-only, thread-safe list of terminal records: at most one per request id."""
+    """Thread-safe ledger of terminal records: at most one per request id.
 
-    def __init__(self) -> None:
-        self._records: list[TerminalRecord] = []
-        self._by_id: dict[Hashable, TerminalRecord] = {}
+    ``max_records`` bounds what is kept (the most recent records; None keeps all), so a long-running
+    engine's memory stays flat. The ids that already have a record and the counts per terminal state
+    are kept for every request, so the duplicate-id check and ``counts`` never forget.
+    """
+
+    def __init__(self, max_records: int | None = None) -> None:
+        if max_records is not None:
+            require_int("max_records", max_records, 0)
+        self._records: deque[TerminalRecord] = deque(maxlen=max_records)
+        self._by_id: dict[Hashable, TerminalRecord] = {}  # the kept records, by id
+        self._ids: set[Hashable] = set()
+        self._counts: Counter[RequestState] = Counter()
         self._lock = threading.Lock()
 
     def append(self, record: TerminalRecord) -> None:
@@ -445,25 +455,35 @@ class Ledger:
         if not isinstance(record, TerminalRecord):
             raise TypeError(f"record must be a TerminalRecord, got {type(record).__name__}")
         with self._lock:
-            if record.request_id in self._by_id:
+            if record.request_id in self._ids:
                 raise ValueError(f"request_id {record.request_id!r} already has a terminal record")
-            self._by_id[record.request_id] = record
-            self._records.append(record)
+            if self._records.maxlen is not None and len(self._records) == self._records.maxlen and self._records:
+                del self._by_id[self._records[0].request_id]
+            self._ids.add(record.request_id)
+            self._counts[record.state] += 1
+            if self._records.maxlen != 0:
+                self._records.append(record)
+                self._by_id[record.request_id] = record
 
     def has(self, request_id: Hashable) -> bool:
-        """True when ``request_id`` already has its terminal record."""
-        return request_id in self._by_id
+        """True when ``request_id`` already has its terminal record (kept or not)."""
+        return request_id in self._ids
 
     def get(self, request_id: Hashable) -> TerminalRecord:
-        """The terminal record of ``request_id``; KeyError naming it when it has none."""
+        """The kept terminal record of ``request_id``; KeyError naming it when there is none."""
         try:
             return self._by_id[request_id]
         except KeyError:
-            raise KeyError(f"request_id {request_id!r} has no terminal record") from None
+            raise KeyError(f"request_id {request_id!r} has no kept terminal record") from None
+
+    @property
+    def counts(self) -> dict[RequestState, int]:
+        """Requests ended so far per terminal state (every request, kept or not)."""
+        return dict(self._counts)
 
     @property
     def records(self) -> tuple[TerminalRecord, ...]:
-        """Every record, in the order the requests ended."""
+        """The kept records, in the order the requests ended."""
         return tuple(self._records)
 
     def __len__(self) -> int:

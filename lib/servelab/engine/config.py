@@ -47,6 +47,11 @@ class EngineConfig:
         dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; ``None`` keeps the model's dtype
             (``from_pretrained``: ``pick_device``, i.e. ``SERVELAB_DTYPE``, else bf16 on CUDA, fp32 on CPU).
         seed: seeds the generator that draws a seed for each request that has none.
+        trace_steps: tracing: keep a :class:`~servelab.engine.trace.StepRecord` of each of the last
+            ``trace_steps`` steps in ``LLMEngine.trace`` (a ring buffer); 0 turns tracing off and costs
+            nothing per step (what the server runs with).
+        ledger_size: terminal records kept in ``LLMEngine.ledger`` (the most recent ones; counts per
+            state and the ids already used are kept for every request).
     """
 
     block_size: int = 16
@@ -64,6 +69,8 @@ class EngineConfig:
     device: str | None = None
     dtype: str | None = None
     seed: int = 0
+    trace_steps: int = 10_000
+    ledger_size: int = 10_000
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"):
@@ -71,7 +78,8 @@ class EngineConfig:
         for name in ("num_blocks", "max_model_len"):
             if getattr(self, name) is not None:
                 require_int(name, getattr(self, name), 1)
-        require_int("swap_space_bytes", self.swap_space_bytes, 0)
+        for name in ("swap_space_bytes", "trace_steps", "ledger_size"):
+            require_int(name, getattr(self, name), 0)
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             require_type(name, getattr(self, name), bool)
         if self.preemption_mode not in PREEMPTION_MODES:

@@ -1,19 +1,21 @@
-"""What a caller can do with requests besides adding them and stepping: ask for the engine's load
-(:meth:`~RequestControls.stats`), cancel, pause and resume a request in flight, and two drivers that
-step the engine themselves (:meth:`~RequestControls.stream` for one
-request's text, :meth:`~RequestControls.generate` for an offline batch).
+"""Two drivers that step an engine themselves, through its public API only: :func:`stream` (one
+request's text) and :func:`generate` (an offline batch); ``LLMEngine.stream`` / ``LLMEngine.generate``
+call them. Also :class:`EngineStats`, what ``LLMEngine.stats`` reports.
 
-:class:`RequestControls` is mixed into :class:`~servelab.engine.engine.LLMEngine`; every ending still goes
-through the engine's one terminal path (``_end``). System boundary: the engine's API, in engine steps.
+System boundary: the engine's API, in engine steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence as SequenceOf
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from servelab.engine.outputs import RequestOutput
 from servelab.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from servelab.engine.engine import LLMEngine
 
 
 @dataclass(frozen=True)
@@ -27,111 +29,52 @@ class EngineStats:
     kv_cache_usage: float
 
 
-class RequestControls:
-    """Cancel / pause / resume and the ``stream`` / ``generate`` drivers of ``LLMEngine``.
+def stream(engine: "LLMEngine", prompt: str | list[int], params: SamplingParams, **kwargs) -> Iterator[str]:
+    """Yield the text deltas of one new request as steps produce them.
 
-    They use the engine's ``scheduler`` and ``allocator`` (for :meth:`stats`), ``add_request``, ``step``, ``clock``, ``_live`` (the request if it has not
-    ended), ``_end`` (the terminal path) and ``_pending`` (final outputs the next step returns).
+    This drives :meth:`LLMEngine.step` itself: other queued requests advance too, but their outputs are not
+    returned here (a server with many clients calls :meth:`LLMEngine.step` and routes outputs instead).
+    Closing the generator early cancels the request. ``kwargs`` go to :meth:`LLMEngine.add_request`. With
+    ``params.n > 1`` the deltas are sample 0's (see :class:`RequestOutput`).
     """
+    request_id = engine.add_request(prompt, params, **kwargs)
+    finished = False
+    try:
+        while not finished:
+            for output in engine.step():
+                if output.request_id == request_id:
+                    finished = output.finished
+                    if output.delta:
+                        yield output.delta
+    finally:
+        if not finished:  # the reader is gone: cancel, and drop the final output nobody will read
+            engine.abort(request_id)
 
-    _pending: list[RequestOutput]
+def generate(engine: "LLMEngine", prompts: SequenceOf[str | list[int]] | str,
+         params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:
+    """Offline batch: run all ``prompts`` to completion; returns each one's final output, in order.
 
-    def stats(self) -> EngineStats:
-        """Sequences running, waiting and swapped out now, and the KV pool's used fraction (what the
-        server's ``/metrics`` and its queue limit read: public questions, not the scheduler's lists)."""
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
-                           self.allocator.num_used_blocks / self.allocator.num_blocks)
-
-    def cancel(self, request_id: str) -> bool:
-        """Cancel a request; its final output (``finish_reason="cancelled"``) comes from the next step.
-
-        Returns False when it had already ended. Raises KeyError for an id this engine never issued.
-        """
-        request = self._live(request_id)
-        if request is None:
-            return False
-        self._pending.append(self._end(request, "cancelled"))
-        return True
-
-    def pause(self, request_id: str) -> bool:
-        """Deschedule a request until :meth:`resume`: no step computes or samples it meanwhile.
-
-        It keeps everything it holds: a running request its KV blocks (and any reservation) and its
-        batch slot, so this frees compute, not memory (KV pressure can still preempt it by recompute or
-        swap). A waiting request is not admitted, a swapped one not swapped in. A request in decode
-        is in BACKPRESSURED (the lifecycle's paused-with-KV state) while paused; in other stages its
-        lifecycle state stays. Its deadline still runs and :meth:`cancel` still works, both through the one reclaim path.
-        Pausing a paused request changes nothing. Returns False when it had already ended; KeyError for
-        an unknown id.
-        """
-        return self._set_paused(request_id, True)
-
-    def resume(self, request_id: str) -> bool:
-        """Undo :meth:`pause`: the next step schedules the request again, from exactly where it stopped.
-
-        BACKPRESSURED goes back to DECODE. Resuming a request that is not paused changes nothing.
-        Returns False when it had already ended; KeyError for an unknown id.
-        """
-        return self._set_paused(request_id, False)
-
-    def _set_paused(self, request_id: str, paused: bool) -> bool:
-        """Flag every sample of a live request (its lifecycle state, DECODE <-> BACKPRESSURED, follows)."""
-        request = self._live(request_id)
-        if request is None:
-            return False
-        for seq in request.seqs:
-            seq.paused = paused
-        return True
-
-    def stream(self, prompt: str | list[int], params: SamplingParams, **kwargs) -> Iterator[str]:
-        """Yield the text deltas of one new request as steps produce them.
-
-        This drives :meth:`step` itself: other queued requests advance too, but their outputs are not
-        returned here (a server with many clients calls :meth:`step` and routes outputs instead).
-        Closing the generator early cancels the request. ``kwargs`` go to :meth:`add_request`. With
-        ``params.n > 1`` the deltas are sample 0's (see :class:`RequestOutput`).
-        """
-        request_id = self.add_request(prompt, params, **kwargs)
-        finished = False
-        try:
-            while not finished:
-                for output in self.step():
-                    if output.request_id == request_id:
-                        finished = output.finished
-                        if output.delta:
-                            yield output.delta
-        finally:
-            if not finished:  # the reader is gone: cancel, and drop the final output nobody will read
-                self.cancel(request_id)
-                self._pending = [o for o in self._pending if o.request_id != request_id]
-
-    def generate(self, prompts: SequenceOf[str | list[int]] | str,
-                 params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:
-        """Offline batch: run all ``prompts`` to completion; returns each one's final output, in order.
-
-        Like :meth:`stream`, it drives :meth:`step` itself, so outputs of other requests already in the
-        engine are consumed and not returned.
-        """
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"params must be one SamplingParams or one per prompt ({len(prompts)}), "
-                             f"got {len(params_list)}")
-        ids: list[str] = []
-        try:
-            for prompt, sp in zip(prompts, params_list):
-                ids.append(self.add_request(prompt, sp))
-        except (TypeError, ValueError):  # one bad prompt: withdraw the ones already queued, then report it
-            for request_id in ids:
-                self.cancel(request_id)
-            self._pending = [o for o in self._pending if o.request_id not in ids]
-            raise
-        final: dict[str, RequestOutput] = {}
-        wanted = set(ids)
-        while len(final) < len(ids):
-            for output in self.step():
-                if output.finished and output.request_id in wanted:  # another request's end is not ours
-                    final[output.request_id] = output
-        return [final[i] for i in ids]
-
+    Like :func:`stream`, it drives :meth:`LLMEngine.step` itself, so outputs of other requests already in the
+    engine are consumed and not returned.
+    """
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    if len(params_list) != len(prompts):
+        raise ValueError(f"params must be one SamplingParams or one per prompt ({len(prompts)}), "
+                         f"got {len(params_list)}")
+    ids: list[str] = []
+    try:
+        for prompt, sp in zip(prompts, params_list):
+            ids.append(engine.add_request(prompt, sp))
+    except (TypeError, ValueError):  # one bad prompt: withdraw the ones already queued, then report it
+        for request_id in ids:
+            engine.abort(request_id)
+        raise
+    final: dict[str, RequestOutput] = {}
+    wanted = set(ids)
+    while len(final) < len(ids):
+        for output in engine.step():
+            if output.finished and output.request_id in wanted:  # another request's end is not ours
+                final[output.request_id] = output
+    return [final[i] for i in ids]

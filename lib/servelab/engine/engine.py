@@ -24,8 +24,8 @@ generated token, and, for prompt logprobs, the prefill's other prompt positions 
 the same pass. A request with prompt logprobs is admitted under a namespace of its own, so no prefix hit
 skips a position it has to score (its own recompute after a preemption keeps the scores it has).
 
-Cancel, pause / resume (a third kind of preemption: compute freed, KV kept), ``stream`` and ``generate``
-live in :mod:`servelab.engine.control`. System boundary: timestamps come from the injected ``clock``
+Cancel and pause / resume (a third kind of preemption: compute freed, KV kept) are methods here; the
+``stream`` and ``generate`` drivers live in :mod:`servelab.engine.control`. System boundary: timestamps come from the injected ``clock``
 (seconds) at the engine API: arrival is ``add_request``, an emit is the end of the step that hands a token
 to the caller; what is in front of the engine (network, HTTP, queueing) is outside.
 """
@@ -35,7 +35,8 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence as SequenceOf
 from pathlib import Path
 
 import torch
@@ -43,9 +44,11 @@ import torch
 from servelab import grammar
 from servelab.chat_template import ChatTemplate
 from servelab.engine.config import EngineConfig
-from servelab.engine.control import EngineStats, RequestControls
+from servelab.engine import control
+from servelab.engine.control import EngineStats
 from servelab.engine.model_runner import ForwardInput, ModelRunner, resolve_device_dtype
-from servelab.engine.outputs import RequestOutput, SampleOutput, accept_token, request_output, settle, usage
+from servelab.engine.outputs import (RequestOutput, SampleOutput, StepOutputs, accept_token, request_output, finish_text,
+                                     usage)
 from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, EngineRequest, lifecycle_state, new_request
 from servelab.engine.sampler import SamplingRow, sample_tokens, token_logprobs
 from servelab.engine.scheduler import Scheduler, SchedulerOutput
@@ -60,7 +63,7 @@ from servelab.sampling import SamplingParams
 __all__ = ["FINISH_REASONS", "EngineStats", "LLMEngine", "RequestOutput", "SampleOutput", "Usage"]
 
 
-class LLMEngine(RequestControls):
+class LLMEngine:
     """A small continuous-batching engine over a paged KV cache. See the module docstring."""
 
     chat_template: ChatTemplate | None = None  # the checkpoint's, set by from_pretrained; None: it has none
@@ -80,9 +83,10 @@ class LLMEngine(RequestControls):
         self.scheduler = Scheduler(config, self.allocator, self.runner, self.slots, self.max_model_len)
         self.validator = RequestValidator(tokenizer, model.config.vocab_size, self.max_model_len, config,
                                           self.runner.num_blocks, self.scheduler.reservation)
-        self.ledger = Ledger()
-        self.trace: list[StepRecord] = []
+        self.ledger = Ledger(max_records=config.ledger_size)
+        self.trace: deque[StepRecord] = deque(maxlen=config.trace_steps)  # stays empty when tracing is off
         self.last_schedule: SchedulerOutput | None = None  # the most recent scheduler tick, for inspection
+        self.num_steps = 0  # steps in which something happened (the trace's step numbers)
         self._requests: dict[str, EngineRequest] = {}  # live requests; each sequence points to its own
         self._pending: list[RequestOutput] = []  # final outputs of requests ended between steps
         self._arrivals = itertools.count()
@@ -151,30 +155,103 @@ class LLMEngine(RequestControls):
         """True while some request has not ended (or an ended one's final output is not yet returned)."""
         return bool(self._requests or self._pending)
 
-    def step(self) -> list[RequestOutput]:
-        """Run one iteration; returns the outputs (deltas) it produced, finished requests included.
+    def step(self) -> StepOutputs:
+        """Run one iteration; returns the outputs (deltas) it produced, finished requests included, as a
+        list that also names the requests admitted and counts the sequences preempted this step.
 
         Phases: schedule -> prepare inputs -> forward -> sample -> process outputs (:meth:`_run`).
-        A step in which nothing happened returns ``[]`` and leaves no trace record.
+        A step in which nothing happened returns an empty list and leaves no trace record.
         """
-        record = StepRecord(step=len(self.trace), start=self.clock())
+        start = self.clock()
+        record = StepRecord(step=self.num_steps, start=start) if self.config.trace_steps else None
         outputs, self._pending = self._pending, []
-        outputs += self._expire_deadlines(record.start)
+        outputs += self._expire_deadlines(start)
         sched = self.last_schedule = self.scheduler.schedule()
-        outputs += self._fail_unschedulable() if sched.is_empty else self._run(sched, record)
+        outputs += self._fail_unschedulable() if sched.is_empty else self._run(sched, start, record)
         if sched.is_empty and not (outputs or sched.preempted or sched.swapped_out or sched.swapped_in):
-            return outputs
-        finished = {o.request_id: o.finish_reason for o in outputs if o.finished}
-        record.close(sched, self.allocator, self.scheduler, finished, self.clock())
-        self.trace.append(record)
-        return outputs
+            return StepOutputs(outputs)
+        self.num_steps += 1
+        if record is not None:
+            finished = {o.request_id: o.finish_reason for o in outputs if o.finished}
+            record.close(sched, self.allocator, self.scheduler, finished, self.clock())
+            self.trace.append(record)
+        admitted = set(sched.admitted)
+        return StepOutputs(outputs, tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks
+                                                        if c.seq_id in admitted)),
+                           len(sched.preempted) + len(sched.swapped_out), sched.num_batched_tokens)
+
+    # ------------------------------------------------------------------------------------------ controls
+
+    def stats(self) -> EngineStats:
+        """Sequences running, waiting and swapped out now, and the KV pool's used fraction (what the
+        server's ``/metrics`` and its queue limit read: public questions, not the scheduler's lists)."""
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
+                           self.allocator.num_used_blocks / self.allocator.num_blocks)
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request; its final output (``finish_reason="cancelled"``) comes from the next step.
+
+        Returns False when it had already ended. Raises KeyError for an id this engine never issued.
+        """
+        request = self._live(request_id)
+        if request is None:
+            return False
+        self._pending.append(self._end(request, "cancelled"))
+        return True
+
+    def pause(self, request_id: str) -> bool:
+        """Deschedule a request until :meth:`resume`: no step computes or samples it meanwhile.
+
+        It keeps everything it holds: a running request its KV blocks (and any reservation) and its
+        batch slot, so this frees compute, not memory (KV pressure can still preempt it by recompute or
+        swap). A waiting request is not admitted, a swapped one not swapped in. A request in decode
+        is in BACKPRESSURED (the lifecycle's paused-with-KV state) while paused; in other stages its
+        lifecycle state stays. Its deadline still runs and :meth:`cancel` still works, both through the one reclaim path.
+        Pausing a paused request changes nothing. Returns False when it had already ended; KeyError for
+        an unknown id.
+        """
+        return self._set_paused(request_id, True)
+
+    def resume(self, request_id: str) -> bool:
+        """Undo :meth:`pause`: the next step schedules the request again, from exactly where it stopped.
+
+        BACKPRESSURED goes back to DECODE. Resuming a request that is not paused changes nothing.
+        Returns False when it had already ended; KeyError for an unknown id.
+        """
+        return self._set_paused(request_id, False)
+
+    def abort(self, request_id: str) -> bool:
+        """:meth:`cancel` whose final output is dropped instead of returned (the caller is gone)."""
+        if not self.cancel(request_id):
+            return False
+        self._pending = [o for o in self._pending if o.request_id != request_id]
+        return True
+
+    def stream(self, prompt: str | list[int], params: SamplingParams, **kwargs) -> Iterator[str]:
+        """Yield the text deltas of one new request as steps produce them (see :func:`control.stream`)."""
+        return control.stream(self, prompt, params, **kwargs)
+
+    def generate(self, prompts: SequenceOf[str | list[int]] | str,
+                 params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:
+        """Offline batch: run all ``prompts`` to completion; each one's final output, in order
+        (see :func:`control.generate`)."""
+        return control.generate(self, prompts, params)
+
+    def _set_paused(self, request_id: str, paused: bool) -> bool:
+        """Flag every sample of a live request (its lifecycle state, DECODE <-> BACKPRESSURED, follows)."""
+        request = self._live(request_id)
+        if request is None:
+            return False
+        for seq in request.seqs:
+            seq.paused = paused
+        return True
 
     # ------------------------------------------------------------------------------------------ the phases
 
-    def _run(self, sched: SchedulerOutput, record: StepRecord) -> list[RequestOutput]:
+    def _run(self, sched: SchedulerOutput, start: float, record: StepRecord | None) -> list[RequestOutput]:
         """Phases 2-5 of a non-empty tick. A failing forward pass fails every request in the batch, a
         failing sampler every sampled one; either way through the one terminal path, nothing leaks."""
-        batch = self._prepare_inputs(sched, record)
+        batch = self._prepare_inputs(sched, start, record)
         try:
             logits = self.runner.execute(batch)
         except Exception as exc:
@@ -182,7 +259,7 @@ class LLMEngine(RequestControls):
         for chunk in sched.chunks:  # the KV of every chunk is now in the pool
             self.scheduler.commit(chunk)
         logits, score_logits = logits[:len(batch.sample_indices)], logits[len(batch.sample_indices):]
-        picks = self._fork_finished_prompts([c.seq for c in sched.chunks if c.sample])
+        picks = self._fork_finished_prompts([c.seq for c in sched.chunks if c.emits_token])
         try:
             self._score_prompts(batch.score_rows, score_logits)
             tokens = self._sample(logits, picks)
@@ -190,14 +267,15 @@ class LLMEngine(RequestControls):
             return self._fail([seq for seq, _ in picks], exc)
         return self._process_outputs([seq for seq, _ in picks], tokens)
 
-    def _prepare_inputs(self, sched: SchedulerOutput, record: StepRecord) -> ForwardInput:
-        """Phase 2: the tick's chunks as one flat batch; the trace records what each chunk computes."""
+    def _prepare_inputs(self, sched: SchedulerOutput, start: float, record: StepRecord | None) -> ForwardInput:
+        """Phase 2: the tick's chunks as one flat batch; the trace (when on) records what each computes."""
         rows = []
         for chunk in sched.chunks:
             seq = chunk.seq
-            record.add_chunk(chunk, len(seq.prompt_ids))
+            if record is not None:
+                record.add_chunk(chunk, len(seq.prompt_ids))
             if seq.times.first_scheduled is None:
-                seq.times.first_scheduled = record.start
+                seq.times.first_scheduled = start
             rows.append((chunk, seq, self.allocator.block_table(seq.seq_id)))
         return ForwardInput.from_chunks(rows)
 
@@ -257,7 +335,7 @@ class LLMEngine(RequestControls):
                 failures[request] = detail
             elif reason is not None:
                 stops[request].append((seq, reason))
-        return [self._conclude(r, stops[r], failures.get(r)) for r in stops]
+        return [self._finish_stopped(r, stops[r], failures.get(r)) for r in stops]
 
     def _fork_finished_prompts(self, sampled: list[Sequence]) -> list[tuple[Sequence, int]]:
         """Fork each request whose prompt just got computed into its ``n`` samples.
@@ -279,9 +357,9 @@ class LLMEngine(RequestControls):
                 picks.append((seq, row))
         return picks
 
-    def _conclude(self, request: EngineRequest, stops: list[tuple[Sequence, str]],
+    def _finish_stopped(self, request: EngineRequest, stops: list[tuple[Sequence, str]],
                   failure: str | None) -> RequestOutput:
-        """This step's output for a request with sampled tokens: settle the samples that stopped, release
+        """This step's output for a request with sampled tokens: finish the text of the samples that stopped, release
         them early when siblings go on, and end the request once no sample is left."""
         if failure is not None:
             return self._end(request, "failed", detail=failure)
@@ -289,7 +367,7 @@ class LLMEngine(RequestControls):
             return request_output(request.request_id, request.seqs, request.finish_reason)
         now = self.clock()
         for seq, reason in stops:
-            settle(seq, reason, now)
+            finish_text(seq, reason, now)
         if all(s.finish_reason is not None for s in request.seqs):
             return self._end(request, stops[-1][1], at=now)
         for seq, _ in stops:  # siblings still decode: its blocks, reservation and slot go back now
@@ -316,7 +394,7 @@ class LLMEngine(RequestControls):
         return [self._end(r, "failed", detail=repr(exc)) for r in requests]
 
     def _end(self, request: EngineRequest, reason: str, detail: str = "", at: float | None = None) -> RequestOutput:
-        """The one terminal path: settle every unfinished sample with ``reason``, release every sequence
+        """The one terminal path: finish the text of every unfinished sample with ``reason``, release every sequence
         through ``Scheduler.release``, write the request's one terminal record.
 
         ``at`` is the end time when the caller already read the clock for it.
@@ -325,7 +403,7 @@ class LLMEngine(RequestControls):
         from_state = lifecycle_state(request)
         for seq in request.seqs:
             if seq.finish_reason is None:
-                settle(seq, reason, now)
+                finish_text(seq, reason, now)
         request.finish_reason = reason
         released = [self.scheduler.release(seq) for seq in request.seqs]
         self.ledger.append(TerminalRecord(

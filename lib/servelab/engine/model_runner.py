@@ -67,7 +67,7 @@ class ForwardInput:
             batch.token_ids += seq.tokens_between(chunk.start, end)
             batch.positions += range(chunk.start, end)
             batch.spans.append(ChunkSpan(chunk.start, chunk.num_tokens, table))
-            if chunk.sample:
+            if chunk.emits_token:
                 batch.sample_indices.append(len(batch.token_ids) - 1)
         return batch
 

@@ -3,7 +3,7 @@
 For each sampled token of each sample: append it, detokenise incrementally, pass the text through the
 stop-string buffer (which holds back a tail that could still start a stop string), check EOS / stop /
 length, and hand out the token ids whose text has reached the caller (stamping their emit time). When a
-sample ends, :func:`settle` releases or drops what was held back. :func:`request_output` builds the
+sample ends, `finish_text` releases or drops what was held back. :func:`request_output` builds the
 step's :class:`RequestOutput` and clears the pending deltas.
 
 System boundary: text and token ids of one engine; times are the engine clock's seconds. It frees no
@@ -67,6 +67,21 @@ class RequestOutput:
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
+class StepOutputs(list):
+    """What one :meth:`~servelab.engine.LLMEngine.step` returns: its :class:`RequestOutput` list, plus
+    ``admitted`` (ids of the requests a tick admitted this step, readmissions included),
+    ``num_preempted`` (sequences preempted this step, by recompute or swap) and ``num_batched_tokens``
+    (tokens the step's forward pass computed): what a server loop needs without reading the engine's
+    inspection fields."""
+
+    def __init__(self, outputs: list[RequestOutput] = (), admitted: tuple[str, ...] = (),
+                 num_preempted: int = 0, num_batched_tokens: int = 0) -> None:
+        super().__init__(outputs)
+        self.admitted = admitted
+        self.num_preempted = num_preempted
+        self.num_batched_tokens = num_batched_tokens
+
+
 def accept_token(seq: Sequence, token: int | None, now: float, eos: Collection[int],
                  max_model_len: int) -> tuple[str | None, str]:
     """Append a sampled token and produce its text. Returns the stop condition it fired (None if none:
@@ -107,7 +122,7 @@ def release_ids(seq: Sequence, now: float, partial: bool = False) -> tuple[int, 
     return tuple(new)
 
 
-def settle(seq: Sequence, reason: str, now: float) -> None:
+def finish_text(seq: Sequence, reason: str, now: float) -> None:
     """Finish one sample's text: a normal end (length, EOS) releases the text held back for a possible
     stop string; a stop match releases the ids of tokens its text reaches into; cancelled, timed-out
     and failed samples drop whatever was still held (the client never sees it)."""

@@ -61,14 +61,14 @@ class KVMover(Protocol):
 class ScheduledChunk:
     """Compute ``num_tokens`` tokens of sequence ``seq`` from position ``start``.
 
-    ``sample`` is True when the chunk reaches the sequence's last known token, so its logits give the
-    next token (the last prefill chunk, or a decode step).
+    ``emits_token`` is True when the chunk reaches the sequence's last known token, so its logits give
+    the next token (the last prefill chunk, or a decode step).
     """
 
     seq: Sequence
     start: int
     num_tokens: int
-    sample: bool
+    emits_token: bool
 
     @property
     def seq_id(self) -> str:
@@ -169,7 +169,7 @@ class Scheduler:
 
         Each child gets a block table sharing every block of the parent (``BlockAllocator.fork``: refcount
         + 1, no bytes move; a later write into the shared partially filled tail is copied on write by
-        :meth:`_ensure_slots`), the parent's progress, one of the batch slots the parent held for it, and
+        :meth:`_grow_kv`), the parent's progress, one of the batch slots the parent held for it, and
         a place in the running queue. Called by the engine right after the parent's last prompt chunk.
         """
         self.slots.release(parent.seq_id)  # the parent held 1 + len(children) slots since admission
@@ -202,7 +202,7 @@ class Scheduler:
             if count == 0:
                 i += 1
                 continue
-            if not self._ensure_slots(seq, seq.num_computed + count, out):
+            if not self._grow_kv(seq, seq.num_computed + count, out):
                 continue  # seq itself was preempted; the list shifted
             self._add_chunk(out, seq, count)
             budget -= count
@@ -216,8 +216,9 @@ class Scheduler:
             return remaining
         return budget if self.config.enable_chunked_prefill else 0
 
-    def _ensure_slots(self, seq: Sequence, upto: int, out: SchedulerOutput) -> bool:
-        """Allocate slots up to position ``upto`` for ``seq``, preempting others (or seq) when short.
+    def _grow_kv(self, seq: Sequence, upto: int, out: SchedulerOutput) -> bool:
+        """Grow ``seq``'s KV allocation to hold positions up to ``upto`` (token slots in its blocks),
+        preempting others (or seq) when the pool is short.
 
         Returns False when ``seq`` itself had to be preempted.
         """
@@ -239,7 +240,7 @@ class Scheduler:
 
     def _add_chunk(self, out: SchedulerOutput, seq: Sequence, count: int) -> None:
         out.chunks.append(ScheduledChunk(seq, seq.num_computed, count,
-                                         sample=seq.num_computed + count == seq.num_tokens))
+                                         emits_token=seq.num_computed + count == seq.num_tokens))
 
     # ------------------------------------------------------------------------------- preemption
 
@@ -266,12 +267,12 @@ class Scheduler:
         """Bring swapped sequences (not paused ones) back while slots and blocks allow, best-ranked first."""
         self.swapped.sort(key=self.key)
         for seq in [s for s in self.swapped if not s.paused]:
-            if self.slots.available < seq.slots_needed:
+            if self.slots.available < seq.batch_slots:
                 return
             need = self._blocks_for(seq.num_tokens)  # its KV plus the slots of its next chunk
             if not self.allocator.reserve(seq.seq_id, need):
                 return
-            self.slots.acquire(seq.seq_id, seq.slots_needed)
+            self.slots.acquire(seq.seq_id, seq.batch_slots)
             blocks = self.allocator.restore(seq.seq_id, seq.num_computed, seq.token_ids[:seq.num_computed],
                                             namespace=seq.namespace)
             self.allocator.release_reservation(seq.seq_id)
@@ -301,7 +302,7 @@ class Scheduler:
         prefilling, or abandoned half-way, are simply a miss and get computed here.
         """
         tokens = seq.token_ids
-        if self.slots.available < seq.slots_needed:
+        if self.slots.available < seq.batch_slots:
             return False
         if (not self.config.enable_chunked_prefill
                 and len(tokens) - self.allocator.lookup_prefix(tokens, seq.namespace) > budget):
@@ -314,7 +315,7 @@ class Scheduler:
         cached = allocation.cached_prompt_tokens
         count = min(len(tokens) - cached, budget)
         self.waiting.remove(seq)
-        self.slots.acquire(seq.seq_id, seq.slots_needed)
+        self.slots.acquire(seq.seq_id, seq.batch_slots)
         seq.num_computed = cached
         if seq.cached_prompt_tokens is None:
             seq.cached_prompt_tokens = min(cached, len(seq.prompt_ids))

@@ -113,7 +113,7 @@ class Sequence:
         return self.num_tokens - self.num_computed
 
     @property
-    def slots_needed(self) -> int:
+    def batch_slots(self) -> int:
         """Batch slots it takes while running: its own plus one per sibling it will still fork into."""
         return 1 + self.samples_to_fork
 

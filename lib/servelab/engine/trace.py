@@ -71,7 +71,7 @@ class StepRecord:
     def add_chunk(self, chunk: "ScheduledChunk", prompt_len: int) -> None:
         """Count one scheduled chunk as decode (the newest generated token) or prefill (anything that
         (re)fills the cache), with the positions it computes."""
-        decode = chunk.sample and chunk.num_tokens == 1 and chunk.start >= prompt_len
+        decode = chunk.emits_token and chunk.num_tokens == 1 and chunk.start >= prompt_len
         counts = self.decode_tokens if decode else self.prefill_tokens
         counts[chunk.seq_id] = chunk.num_tokens
         self.positions[chunk.seq_id] = (chunk.start, chunk.start + chunk.num_tokens)

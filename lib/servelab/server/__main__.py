@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     engine_kwargs = {name: value for name, value in (
         ("max_num_seqs", args.max_num_seqs), ("num_blocks", args.num_blocks),
         ("max_num_batched_tokens", args.max_num_batched_tokens), ("device", args.device)) if value is not None}
-    engine = LLMEngine.from_pretrained(args.model_dir, **engine_kwargs)
+    engine = LLMEngine.from_pretrained(args.model_dir, trace_steps=0, **engine_kwargs)  # no tracing in service
     name = args.model_name or (args.model_dir.name if args.model_dir else DEFAULT_MODEL_NAME)
     config = ServerConfig(
         model_name=name, api_keys=dict(args.api_key) if args.api_key else None,

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from servelab._validate import require_real
 from servelab.engine import LLMEngine, RequestOutput
+from servelab.engine.outputs import StepOutputs
 from servelab.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -334,8 +335,8 @@ class EngineBridge:
                 if self.engine.has_unfinished():  # while all are paused, a cheap step that checks deadlines
                     step_start = time.monotonic()
                     outputs = self.engine.step()
-                    self._mark_started(step_start)  # first: a request admitted and finished in one step counts
-                    self._count_preemptions()
+                    self._mark_started(step_start, outputs.admitted)  # first: admitted and finished in one step counts
+                    self._count_step(outputs)
                     self._deliver(outputs)
         except Exception as exc:  # a crashed engine fails every request in flight (FAILED path)
             self.failure = exc
@@ -462,31 +463,27 @@ class EngineBridge:
                 elif tracked.stream.full and tracked.paused_at is None:
                     self._pause(output.request_id, tracked)
 
-    def _mark_started(self, step_start: float) -> None:
-        """Requests the last tick admitted have been scheduled (at ``step_start``): they leave the bound.
-
-        A request's first sequence id is its request id, so ``last_schedule.admitted`` names requests.
-        """
-        schedule = self.engine.last_schedule
-        now = step_start
-        for request_id in schedule.admitted if schedule is not None else ():
+    def _mark_started(self, step_start: float, admitted: tuple[str, ...]) -> None:
+        """Requests the step admitted (``admitted``: request ids) have been scheduled (at ``step_start``):
+        they leave the bound."""
+        for request_id in admitted:
             tracked = self._tracked.get(request_id)
             if tracked is not None and not tracked.started:
                 tracked.started = True
                 self._unqueue()
-                delay = now - tracked.submitted
+                delay = step_start - tracked.submitted
                 self.queue_delay_ewma_s = 0.8 * self.queue_delay_ewma_s + 0.2 * delay
                 if self.metrics is not None:
                     self.metrics.queue_time.observe(delay)
 
-    def _count_preemptions(self) -> None:
-        schedule = self.engine.last_schedule
-        if self.metrics is not None and schedule is not None:
-            preempted = len(schedule.preempted) + len(schedule.swapped_out)
-            if preempted:
-                self.metrics.preemptions.inc(preempted)
-            if schedule.chunks:
-                self.metrics.iteration_tokens.observe(schedule.num_batched_tokens)
+    def _count_step(self, outputs: StepOutputs) -> None:
+        """A step's preemptions and, when it ran a forward pass, its batched tokens."""
+        if self.metrics is None:
+            return
+        if outputs.num_preempted:
+            self.metrics.preemptions.inc(outputs.num_preempted)
+        if outputs.num_batched_tokens:
+            self.metrics.iteration_tokens.observe(outputs.num_batched_tokens)
 
     def _observe_tokens(self, tracked: _Tracked, output: RequestOutput) -> None:
         """Count new tokens; the first output with any is the TTFT, later ones inter-token gaps."""
