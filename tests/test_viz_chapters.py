@@ -120,7 +120,7 @@ def test_timeline_figure_traces_and_identity_in_title():
     fig = vm.timeline_figure(timing())
     # queueing + TTFT + 3 ITL spans + emit markers + ITL bars + TPOT line
     assert len(fig.data) == 8
-    assert "identity holds: True" in fig.layout.title.text
+    assert "(the identity holds)" in fig.layout.title.text
 
 
 def test_timeline_figure_rejects_bad_input():

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from servelab import prose
 from servelab.device import DTYPES, describe_device, dtype_name, pick_device
 from servelab.engine.config import EngineConfig
 from servelab.engine.engine import LLMEngine
@@ -331,7 +332,7 @@ def hardware_line(result: dict) -> str:
     """Where a :func:`run` result was measured: every absolute figure is only true on this machine."""
     hw = result["hardware"]
     gpu = f"{hw['gpu']} (CUDA {hw['cuda']}), " if hw.get("gpu") else ""
-    return (f"{gpu}{hw['cpu']}, {hw['cores']} cores, torch {hw['torch']}, {hw['threads']} thread(s), "
+    return (f"{gpu}{hw['cpu']}, {hw['cores']} cores, torch {hw['torch']}, {prose.count(hw['threads'], 'thread')}, "
             f"{hw['dtype']}, load average {hw['load_average_1m_at_start']:.1f} at start")
 
 

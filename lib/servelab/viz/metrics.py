@@ -89,7 +89,7 @@ def timeline_figure(timing: m.RequestTiming, *, unit: str = "ms",
     fig.update_layout(barmode="overlay", legend_orientation="h", legend_y=-0.2, margin={"t": 90},
                       height=520,
                       title=f"t_last − t_arrival = {lhs:.2f} {unit}; TTFT + ΣITL = "
-                            f"{ttft + sum(gaps):.2f} {unit} (identity holds: {holds})")
+                            f"{ttft + sum(gaps):.2f} {unit} (the identity {'holds' if holds else 'fails'})")
     fig.update_xaxes(title_text=f"time since arrival ({unit})", row=1, col=1)
     fig.update_xaxes(title_text="output token j", row=2, col=1)
     fig.update_yaxes(title_text=unit, row=2, col=1)
