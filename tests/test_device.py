@@ -1,5 +1,7 @@
 """The one device rule: arguments, then SERVELAB_DEVICE / SERVELAB_DTYPE, then CUDA + bf16 or CPU + fp32."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -110,3 +112,18 @@ def test_engine_keeps_a_given_model_where_its_caller_put_it(monkeypatch):
     assert resolve_device_dtype(EngineConfig(), model) == (torch.device("cpu"), torch.float32)
     assert resolve_device_dtype(EngineConfig()) == (torch.device("cpu"), torch.bfloat16)  # no model: the rule
     assert resolve_device_dtype(EngineConfig(dtype="bfloat16"), model)[1] == torch.bfloat16  # asked for
+
+
+def test_cuda_default_dtype_asks_for_native_bf16(monkeypatch):
+    """A GPU that can only emulate bf16 (a T4) gets float16; one with native bf16 gets bfloat16."""
+    import servelab.device as device
+
+    monkeypatch.delenv(device.DTYPE_ENV, raising=False)
+    monkeypatch.setattr(device, "_device", lambda value, name: torch.device("cuda"))
+    for native, expected in ((False, torch.float16), (True, torch.bfloat16)):
+        asked = []
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True, native=native: asked.append(including_emulation) or native)
+        monkeypatch.setattr(torch.cuda, "device", lambda where: contextlib.nullcontext())
+        assert device.pick_device()[1] == expected
+        assert asked == [False]

@@ -199,3 +199,19 @@ def test_full_layer_count_greedy_matches_transformers(name, tmp_path, engine_dev
     assert engine.runner.model.config.num_hidden_layers == family["config"]["num_hidden_layers"]
     prompt = chat_token_ids(engine.chat_template, engine.tokenizer, CHATS[1])
     assert list(engine.generate([prompt], greedy())[0].token_ids) == hf_greedy(hf, prompt)
+
+
+def test_server_chat_feeds_apply_chat_template_ids(checkpoint):
+    """The course server's chat path feeds the same ids (one BOS on Llama 3) and answers greedily alike."""
+    openai = pytest.importorskip("openai")
+    from servelab.server.demo import course_server
+
+    _, _, hf, hf_tokenizer, engine = checkpoint
+    chat = CHATS[1]
+    expected = hf_tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)["input_ids"]
+    with course_server(fresh(engine)) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="none")
+        reply = client.chat.completions.create(model=server.config.model_name, messages=chat, temperature=0.0,
+                                               max_tokens=NEW_TOKENS, extra_body={"ignore_eos": True})
+    assert reply.usage.prompt_tokens == len(expected)
+    assert reply.choices[0].message.content == engine.tokenizer.decode(hf_greedy(hf, expected))

@@ -1,7 +1,7 @@
 """The one device rule of the course: where tensors live and in which float type.
 
 :func:`pick_device` answers for the engine, the benchmark, the server, the checkpoint loader and every
-notebook: CUDA in bfloat16 when a GPU is present (float16 on a GPU without bf16), else the CPU in
+notebook: CUDA in bfloat16 when a GPU is present (float16 on a GPU without native bf16, such as Colab's T4), else the CPU in
 float32 (bf16 matmuls are slower than fp32 at batch 1 on a CPU). An explicit argument wins, then the
 environment variables ``SERVELAB_DEVICE`` (``cpu``, ``cuda`` or ``cuda:N``) and ``SERVELAB_DTYPE``
 (``float32``, ``bfloat16``, ``float16``), then that default.
@@ -42,8 +42,15 @@ def pick_device(device: str | torch.device | None = None,
     if os.environ.get(DTYPE_ENV):
         return where, _dtype(os.environ[DTYPE_ENV], DTYPE_ENV)
     if where.type == "cuda":
-        return where, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return where, torch.bfloat16 if native_bf16(where) else torch.float16
     return where, torch.float32
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether the GPU computes bfloat16 natively (compute capability 8.0+). A T4 (7.5) answers True to a
+    plain ``torch.cuda.is_bf16_supported()`` because bf16 can be emulated there, slowly: it gets float16."""
+    with torch.cuda.device(device):
+        return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def _device(value: str | torch.device | None, name: str) -> torch.device:

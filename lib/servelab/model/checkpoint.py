@@ -129,7 +129,7 @@ def load_checkpoint(directory: str | Path | None = None, device: str | torch.dev
         raise ValueError(f"directory {directory} has no {CONFIG_FILE}")
     cfg = llama_config_from_hf(json.loads((directory / CONFIG_FILE).read_text()))
     eos = eos_token_ids(directory, cfg)
-    cfg.eos_token_id = eos[0] if len(eos) == 1 else list(eos)  # one id stays an int, as config.json wrote it
+    cfg.eos_token_id = eos[0] if len(eos) == 1 else list(eos)  # one id stays an int, as in config.json
     state = load_weights(directory)
     if cfg.tie_word_embeddings:  # some tied checkpoints store the head too; the embedding is the one used
         state.pop("lm_head.weight", None)

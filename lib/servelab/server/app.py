@@ -190,8 +190,12 @@ async def _read_body(request: web.Request, gate: IngressGate) -> object:
     return parse_json(raw)
 
 
-def _encode(state: _State, prompt: str | tuple[int, ...]) -> list[int]:
-    return list(prompt) if isinstance(prompt, tuple) else state.engine.tokenizer.encode(prompt).ids
+def _encode(state: _State, prompt: str | tuple[int, ...], add_special_tokens: bool = True) -> list[int]:
+    """Prompt ids. A chat rendered by the checkpoint's template is encoded with ``add_special_tokens``
+    False, as ``apply_chat_template(tokenize=True)`` does: the template already wrote any BOS."""
+    if isinstance(prompt, tuple):
+        return list(prompt)
+    return state.engine.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).ids
 
 
 def _fit_context(state: _State, parsed: ParsedRequest, prompt_ids: list[list[int]], chat: bool) -> SamplingParams:
@@ -246,7 +250,8 @@ def _admit(state: _State, parsed: ParsedRequest, chat: bool, tenant: str, gramma
 
     Raises :class:`Rejection`, ``Overloaded`` or ``EngineFailure``.
     """
-    prompt_ids = [_encode(state, p) for p in parsed.prompts]
+    templated = chat and state.engine.chat_template is not None
+    prompt_ids = [_encode(state, p, add_special_tokens=not templated) for p in parsed.prompts]
     params = _fit_context(state, parsed, prompt_ids, chat)
     if grammar is not None:
         params = dataclasses.replace(params, grammar=grammar)

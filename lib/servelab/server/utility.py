@@ -44,7 +44,9 @@ def _tokenize(state, body: object) -> dict:
         text = check_text(body["prompt"], "prompt")
     else:
         raise bad("prompt must be a string", "prompt")
-    ids = state.engine.tokenizer.encode(text).ids
+    # a chat rendered by the checkpoint's template already wrote its BOS: encoded as the chat path does
+    templated = body.get("messages") is not None and state.engine.chat_template is not None
+    ids = state.engine.tokenizer.encode(text, add_special_tokens=not templated).ids
     strs = [state.formatter.text(t) for t in ids] if _flag(body, "return_token_strs", False) else None
     return {"count": len(ids), "max_model_len": state.engine.max_model_len, "tokens": ids, "token_strs": strs}
 
