@@ -144,7 +144,10 @@ def test_processors_do_not_change_the_reported_distribution(server):
     shaped = completion(server, prompt=PROMPT, max_tokens=4, logprobs=2, repetition_penalty=1.5,
                         logit_bias={"7": -50})["choices"][0]
     first_plain, first_shaped = plain["logprobs"], shaped["logprobs"]
-    assert first_plain["top_logprobs"][0] == first_shaped["top_logprobs"][0]  # raw_logprobs: before processors
+    plain_top, shaped_top = first_plain["top_logprobs"][0], first_shaped["top_logprobs"][0]
+    assert plain_top.keys() == shaped_top.keys()  # raw_logprobs: before processors
+    # equal up to float noise: a prefix-cache hit on the second request changes the kernels' shapes
+    assert max(abs(plain_top[t] - shaped_top[t]) for t in plain_top) < 1e-4
 
 
 def test_n_samples_prefix_cache_and_streaming_give_the_same_numbers(server, tokenizer):
