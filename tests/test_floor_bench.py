@@ -24,6 +24,9 @@ def test_bench_floor_reports_floors_fractions_and_the_baseline():
         assert row["ops"] > model.config.num_hidden_layers  # at least one operator per layer
     assert rows[1]["floor_s"]["memory"] > rows[0]["floor_s"]["memory"]  # a second sequence's KV is read too
     assert section["transformers_batch1"]["step_s"] > 0
+    gemv = section["gemv_only_batch1"]  # every matrix once: the tied head once, the embedding not again
+    assert gemv["bytes"] == 4 * (sum(p.numel() for p in model.parameters()) - sum(
+        p.numel() for n, p in model.named_parameters() if "norm" in n))
     result = {"hardware": bench.hardware(model.lm_head.weight.device, model.lm_head.weight.dtype), "floor": section}
     json.dumps(result)
     assert "of floor" in format_floor(result)

@@ -47,6 +47,26 @@ def median_step_s(engine: LLMEngine, steps: int) -> float:
 
 
 @torch.inference_mode()
+def gemv_only_s(model: LlamaForCausalLM, steps: int) -> float:
+    """Median seconds of every matrix of one batch-1 decode step and nothing else: ``x @ W.T`` for each
+    linear layer's weight and the LM head, one after another. What torch's own GEMVs reach here bounds
+    the engine from below more tightly than the bandwidth probe does."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    x = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
+
+    def run() -> None:
+        for w in weights:
+            x[w.shape[1]] @ w.T
+
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
 def hf_decode_step_s(hf, prompt: list[list[int]], steps: int) -> float:
     """Median wall-clock seconds of one ``transformers`` decode forward pass with its KV cache (batch 1,
     greedy token fed back), after the prompt's prefill: the per-token step ``generate`` repeats."""
@@ -74,7 +94,12 @@ def bench_floor(model, tokenizer, hf, rng, batch_sizes: tuple[int, ...], context
                      "bound": floor.bound, "fraction_of_floor": floor.fraction_of(step_s)})
     hf_step = hf_decode_step_s(hf, random_prompts(rng, 1, context, context, model.config.vocab_size), steps)
     hf_floor = decode_floor(model, roof, context, 1, 0)
+    gemv_s = gemv_only_s(model, steps)
+    gemv_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+                     if isinstance(m, torch.nn.Linear))
     return {"roofline": roof.to_dict(), "engine": rows,
+            "gemv_only_batch1": {"step_s": gemv_s, "bytes": gemv_bytes, "bandwidth_bytes_per_s": gemv_bytes / gemv_s,
+                                 "engine_step_over_gemv": rows[0]["step_s"] / gemv_s},
             "transformers_batch1": {"step_s": hf_step, "fraction_of_floor": hf_floor.memory_s / hf_step},
             "engine_vs_generate_batch1": hf_step / rows[0]["step_s"]}
 
@@ -109,6 +134,9 @@ def format_floor(result: dict) -> str:
         lines.append(f"engine decode step, batch {row['batch']:>2}: {row['step_s'] * 1e3:7.1f} ms; floors memory "
                      f"{f['memory'] * 1e3:.1f} / compute {f['compute'] * 1e3:.1f} / overhead {f['overhead'] * 1e3:.1f}"
                      f" ms ({row['ops']} ops): {row['bound']}-bound, {row['fraction_of_floor']:.0%} of floor")
+    gemv = floor["gemv_only_batch1"]
+    lines.append(f"the step's matrices alone (torch GEMVs), batch 1: {gemv['step_s'] * 1e3:.1f} ms, "
+                 f"{gemv['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; engine step {gemv['engine_step_over_gemv']:.2f}x that")
     hf = floor["transformers_batch1"]
     lines.append(f"transformers generate, batch 1: {hf['step_s'] * 1e3:.1f} ms per token, "
                  f"{hf['fraction_of_floor']:.0%} of the memory floor; engine {floor['engine_vs_generate_batch1']:.2f}x")
