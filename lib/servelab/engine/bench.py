@@ -7,6 +7,10 @@ Device and dtype follow :func:`servelab.device.pick_device` (CPU + float32 unles
 ``SERVELAB_DEVICE`` / ``SERVELAB_DTYPE`` say otherwise); every system runs the same weights there, and
 the result records what it really ran on.
 
+``--model smollm2-135m`` instead measures the weight-bound regime: SmolLM2-135M's shape with random weights,
+its decode step against this machine's roofline floor, reported as a fraction of that floor
+(:mod:`servelab.engine.floor_bench`, 2 threads by default, saved to ``data/engine_bench_cpu_smollm2.json``).
+
 Sections (every figure is measured here, in this process, one after the other):
 
 1. batch 1: the engine vs the no-KV-cache loop (``reference.py``) vs ``transformers`` ``generate``;
@@ -54,6 +58,9 @@ from servelab.sampling import SamplingParams
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_OUT = DATA_DIR / "engine_bench_cpu.json"
+SMOLLM2_135M = "smollm2-135m"
+"""``--model`` name of SmolLM2-135M's shape with random weights (seed 0): the weight-bound regime, no download
+(:mod:`servelab.engine.floor_bench`)."""
 
 
 def default_out(device: torch.device) -> Path:
@@ -393,12 +400,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer tokens and one repeat (seconds, not minutes)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write the JSON result (default: data/engine_bench_{cpu,cuda}.json)")
-    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--model", default=None,
+                        help=f"checkpoint folder (default: the shipped model), or {SMOLLM2_135M!r}: its shape with "
+                             "random weights, the decode step against this machine's roofline floor")
+    parser.add_argument("--threads", type=int, default=None,
+                        help=f"torch threads (default: 1; 2 for {SMOLLM2_135M!r})")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="where to run (default: SERVELAB_DEVICE, else cuda when present, else cpu)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                         help="weights and KV dtype (default: SERVELAB_DTYPE, else bfloat16 on cuda, float32 on cpu)")
     args = parser.parse_args(argv)
+    if args.model == SMOLLM2_135M:
+        from servelab.engine.floor_bench import run_smollm2, format_floor  # it imports this module
+
+        result = run_smollm2(args.threads or 2, args.quick)
+        print(format_floor(result))
+        out = args.out or DATA_DIR / "engine_bench_cpu_smollm2.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nsaved {out}")
+        return
+    if args.threads is not None:
+        parser.error(f"--threads applies only to --model {SMOLLM2_135M}")
     try:
         where, _ = pick_device(args.device, args.dtype)
     except ValueError as exc:  # e.g. --device cuda on a machine without a GPU

@@ -1,0 +1,143 @@
+"""The decode step against this machine's roofline floor, on SmolLM2-135M's shape (the weight-bound regime).
+
+``python -m servelab.engine.bench --model smollm2-135m [--quick] [--threads N] [--out PATH]`` runs
+:func:`run_smollm2`: a random-weight model with SmolLM2-135M's exact configuration (the speed regime depends
+only on shapes), this machine's roofline (:mod:`servelab.roofline`), then the engine's decode step at batch
+1, 8 and 32 and ``transformers`` ``generate``'s per-token step at batch 1, each set against
+``max(bytes / bandwidth, FLOPs / peak, ops x overhead)``. "Fraction of floor" is the floor over the measured
+step (1.0 = at the floor).
+
+System boundary: this process on the CPU, float32, ``threads`` torch threads; wall-clock medians. Timings
+on a shared machine are noisy: the JSON keeps the load average at the start beside them.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+import torch
+
+from servelab.engine.bench import (SMOLLM2_135M, decoding_engine, hardware, hardware_line, hf_generate,
+                                   random_prompts, to_transformers)
+from servelab.engine.engine import LLMEngine
+from servelab.model import load_tokenizer
+from servelab.model.llama import LlamaConfig, LlamaForCausalLM
+from servelab.model.pretrained import SMOLLM2_135M_CONFIG
+from servelab.roofline import count_ops, decode_floor, measure_roofline
+
+__all__ = ["bench_floor", "format_floor", "run_smollm2", "smollm2_random"]
+
+
+def smollm2_random(seed: int = 0) -> LlamaForCausalLM:
+    """A random-weight model with SmolLM2-135M's exact configuration (134.5 M parameters, 538 MB fp32)."""
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig.from_hf_dict(SMOLLM2_135M_CONFIG)).eval()
+
+
+def median_step_s(engine: LLMEngine, steps: int) -> float:
+    """Median wall-clock seconds of ``steps`` pure decode steps of a :func:`decoding_engine`."""
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def gemv_only_s(model: LlamaForCausalLM, steps: int) -> float:
+    """Median seconds of every matrix of one batch-1 decode step and nothing else: ``x @ W.T`` for each
+    linear layer's weight and the LM head, one after another. What torch's own GEMVs reach here bounds
+    the engine from below more tightly than the bandwidth probe does."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    x = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
+
+    def run() -> None:
+        for w in weights:
+            x[w.shape[1]] @ w.T
+
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def hf_decode_step_s(hf, prompt: list[list[int]], steps: int) -> float:
+    """Median wall-clock seconds of one ``transformers`` decode forward pass with its KV cache (batch 1,
+    greedy token fed back), after the prompt's prefill: the per-token step ``generate`` repeats."""
+    out = hf(torch.tensor(prompt, device=hf.device), use_cache=True)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        out = hf(out.logits[:, -1:].argmax(-1), cache=out.cache, use_cache=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_floor(model, tokenizer, hf, rng, batch_sizes: tuple[int, ...], context: int, steps: int) -> dict:
+    """The engine's decode step at each batch size against its roofline floor, and ``generate``'s
+    per-token step at batch 1 (:func:`hf_decode_step_s`), on this machine; ``context`` prompt tokens each."""
+    roof = measure_roofline()
+    rows = []
+    for batch in batch_sizes:
+        engine = decoding_engine(model, tokenizer, batch, context, steps + 2, rng)
+        ops = count_ops(engine.step)
+        step_s = median_step_s(engine, steps)
+        floor = decode_floor(model, roof, context + 2, batch, ops)
+        rows.append({"batch": batch, "context_tokens": context, "step_s": step_s, "ops": ops,
+                     "floor_s": {"memory": floor.memory_s, "compute": floor.compute_s, "overhead": floor.overhead_s},
+                     "bound": floor.bound, "fraction_of_floor": floor.fraction_of(step_s)})
+    hf_step = hf_decode_step_s(hf, random_prompts(rng, 1, context, context, model.config.vocab_size), steps)
+    hf_floor = decode_floor(model, roof, context, 1, 0)
+    gemv_s = gemv_only_s(model, steps)
+    gemv_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+                     if isinstance(m, torch.nn.Linear))
+    return {"roofline": roof.to_dict(), "engine": rows,
+            "gemv_only_batch1": {"step_s": gemv_s, "bytes": gemv_bytes, "bandwidth_bytes_per_s": gemv_bytes / gemv_s,
+                                 "engine_step_over_gemv": rows[0]["step_s"] / gemv_s},
+            "transformers_batch1": {"step_s": hf_step, "fraction_of_floor": hf_floor.memory_s / hf_step},
+            "engine_vs_generate_batch1": hf_step / rows[0]["step_s"]}
+
+
+def run_smollm2(threads: int = 2, quick: bool = False) -> dict:
+    """The weight-bound regime: :func:`bench_floor` on :func:`smollm2_random` in float32 on the CPU, at
+    batch 1 and 8 (a 135M step at batch 32 takes seconds on 2 cores)."""
+    torch.set_num_threads(threads)
+    machine = hardware(torch.device("cpu"), torch.float32)
+    rng = random.Random(0)
+    model = smollm2_random()
+    hf = to_transformers(model)
+    start = time.perf_counter()
+    section = bench_floor(model, load_tokenizer(None), hf, rng, (1, 4) if quick else (1, 8), 32,
+                          4 if quick else 10)
+    return {"hardware": machine, "model": {"name": SMOLLM2_135M, "weights": "random (seed 0)",
+                                              "parameters": sum(p.numel() for p in model.parameters()),
+                                              "config": model.config.to_hf_dict()},
+            "quick": quick, "seconds_total": time.perf_counter() - start, "floor": section}
+
+
+def format_floor(result: dict) -> str:
+    """Human-readable summary of a :func:`run_smollm2` result."""
+    floor, roof = result["floor"], result["floor"]["roofline"]
+    lines = [f"hardware: {hardware_line(result)}",
+             f"read bandwidth {roof['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, fp32 peak "
+             f"{roof['peak_flops']['float32'] / 1e9:.0f} GFLOP/s, bf16 peak {roof['peak_flops']['bfloat16'] / 1e9:.0f}"
+             f" GFLOP/s, one op {roof['op_overhead_s'] * 1e6:.1f} us, ridge "
+             f"{roof['ridge_point_flop_per_byte']['float32']:.1f} FLOP/byte (fp32)", ""]
+    for row in floor["engine"]:
+        f = row["floor_s"]
+        lines.append(f"engine decode step, batch {row['batch']:>2}: {row['step_s'] * 1e3:7.1f} ms; floors memory "
+                     f"{f['memory'] * 1e3:.1f} / compute {f['compute'] * 1e3:.1f} / overhead {f['overhead'] * 1e3:.1f}"
+                     f" ms ({row['ops']} ops): {row['bound']}-bound, {row['fraction_of_floor']:.0%} of floor")
+    gemv = floor["gemv_only_batch1"]
+    lines.append(f"the step's matrices alone (torch GEMVs), batch 1: {gemv['step_s'] * 1e3:.1f} ms, "
+                 f"{gemv['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; engine step {gemv['engine_step_over_gemv']:.2f}x that")
+    hf = floor["transformers_batch1"]
+    lines.append(f"transformers generate, batch 1: {hf['step_s'] * 1e3:.1f} ms per token, "
+                 f"{hf['fraction_of_floor']:.0%} of the memory floor; engine {floor['engine_vs_generate_batch1']:.2f}x")
+    return "\n".join(lines)

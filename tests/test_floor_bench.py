@@ -1,0 +1,44 @@
+"""The fraction-of-floor benchmark's plumbing on the shipped model (figures are printed, never asserted)."""
+
+import json
+import random
+
+import pytest
+
+from servelab.engine import bench
+from servelab.engine.floor_bench import bench_floor, format_floor, smollm2_random
+from servelab.model import load_checkpoint, load_tokenizer
+from servelab.model.pretrained import SMOLLM2_135M_CONFIG
+
+
+def test_bench_floor_reports_floors_fractions_and_the_baseline():
+    model, tokenizer = load_checkpoint(None), load_tokenizer(None)
+    hf = bench.to_transformers(model)
+    section = bench_floor(model, tokenizer, hf, random.Random(0), (1, 2), 8, 2)
+    rows = section["engine"]
+    assert [r["batch"] for r in rows] == [1, 2]
+    for row in rows:
+        floors = row["floor_s"]
+        assert row["bound"] == max(floors, key=floors.get)
+        assert row["fraction_of_floor"] == pytest.approx(max(floors.values()) / row["step_s"])
+        assert row["ops"] > model.config.num_hidden_layers  # at least one operator per layer
+    assert rows[1]["floor_s"]["memory"] > rows[0]["floor_s"]["memory"]  # a second sequence's KV is read too
+    assert section["transformers_batch1"]["step_s"] > 0
+    gemv = section["gemv_only_batch1"]  # every matrix once: the tied head once, the embedding not again
+    assert gemv["bytes"] == 4 * (sum(p.numel() for p in model.parameters()) - sum(
+        p.numel() for n, p in model.named_parameters() if "norm" in n))
+    result = {"hardware": bench.hardware(model.lm_head.weight.device, model.lm_head.weight.dtype), "floor": section}
+    json.dumps(result)
+    assert "of floor" in format_floor(result)
+
+
+def test_smollm2_random_has_the_real_shape():
+    model = smollm2_random()
+    assert model.config.hidden_size == SMOLLM2_135M_CONFIG["hidden_size"] == 576
+    assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008  # tied embeddings counted once
+
+
+def test_threads_flag_only_for_the_named_model():
+    with pytest.raises(SystemExit):
+        bench.main(["--threads", "2", "--quick"])
