@@ -49,7 +49,8 @@ from servelab.engine.sequence import Sequence
 from servelab.engine.trace import StepRecord
 from servelab.engine.validation import RequestValidator, check_components, context_limit
 from servelab.kv import BlockAllocator
-from servelab.lifecycle import Ledger, RequestState, SlotPool, TerminalRecord, Usage
+from servelab.ledger import Ledger, TerminalRecord, Usage
+from servelab.lifecycle import RequestState, SlotPool
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling import SamplingParams
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 
 from servelab.engine.sequence import Sequence
-from servelab.lifecycle import Usage
+from servelab.ledger import Usage
 from servelab.metrics import RequestTiming
 
 
