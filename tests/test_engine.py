@@ -657,3 +657,22 @@ def test_quick_benchmark_runs_every_section_and_agrees(model, tokenizer, tmp_pat
     labels = [label for label, _ in bench.summary_rows(result)]
     assert sum(label.startswith("one decode step") for label in labels) == 3
     assert bench.hardware_line(result) in bench.format_table(result)
+
+
+def test_tracing_off_still_reports_admissions_and_the_ledger_stays_bounded(model, tokenizer):
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_model_len=128, max_num_seqs=2,
+                                                trace_steps=0, ledger_size=2))
+    prompts = make_prompts(31, 4)
+    ids = [engine.add_request(p, GREEDY) for p in prompts]
+    admitted, ended = [], []
+    while engine.has_unfinished():
+        outputs = engine.step()
+        admitted += outputs.admitted
+        ended += [o.request_id for o in outputs if o.finished]
+    assert sorted(admitted) == sorted(ids) and len(engine.trace) == 0 and engine.num_steps > 0
+    assert [r.request_id for r in engine.ledger.records] == ended[-2:]  # only the most recent records kept
+    assert engine.ledger.counts == {RequestState.FINISHED: 4}
+    assert engine.state(ended[-1]) is RequestState.FINISHED
+    with pytest.raises(ValueError, match="already in use"):  # a dropped record's id is still taken
+        engine.add_request(prompts[0], GREEDY, request_id=ended[0])
+    assert engine.allocator.num_used_blocks == 0 and engine.slots.in_use == 0

@@ -138,7 +138,6 @@ class BlockAllocator(BlockPoolInspection):
         self._caching = require_type("enable_prefix_caching", enable_prefix_caching, bool)
         self._cache_on_compute = require_type("cache_on_compute", cache_on_compute, bool)
         self._refcount = [0] * self._num_blocks
-        self._num_filled = [0] * self._num_blocks
         # free list: front = next to reuse (uncached first, then least recently freed cached blocks)
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self._num_blocks))
         self._cache: dict[bytes, int] = {}  # chain key -> physical block
@@ -216,7 +215,6 @@ class BlockAllocator(BlockPoolInspection):
         copies: tuple[BlockCopy, ...] = ()
         if plan.cow_src is not None:
             dst = self._take_fresh(seq_id, exclude=plan.cow_src)
-            self._num_filled[dst] = self._block_size
             copies = (BlockCopy(plan.cow_src, dst),)
             table.append(dst)
         while len(table) < blocks_for(len(tokens), self._block_size):
@@ -244,7 +242,6 @@ class BlockAllocator(BlockPoolInspection):
         if self._tail_needs_cow(seq):
             src = seq.table[-1]
             dst = self._take_fresh(seq_id)
-            self._num_filled[dst] = self._num_filled[src]
             self._decref(src)
             seq.table[-1] = dst
             copies = (BlockCopy(src, dst),)
@@ -397,7 +394,6 @@ class BlockAllocator(BlockPoolInspection):
         if key is not None:
             del self._cache[key]
         self._refcount[block] = 1
-        self._num_filled[block] = 0
         self._consume_reservation(seq_id, 1)
         return block
 
@@ -415,7 +411,6 @@ class BlockAllocator(BlockPoolInspection):
             return 0
         self._free[block] = None
         if block not in self._key_of:
-            self._num_filled[block] = 0
             self._free.move_to_end(block, last=False)  # holds nothing reusable: hand it out first
         return 1
 
@@ -424,13 +419,7 @@ class BlockAllocator(BlockPoolInspection):
 
         ``tokens`` is the token ids, or a bare count when the ids are unknown (restore without ids).
         """
-        count = tokens if isinstance(tokens, int) else len(tokens)
-        start = seq.num_tokens
-        seq.num_tokens += count
-        for i in range(start // self._block_size, blocks_for(seq.num_tokens, self._block_size)):
-            block = seq.table[i]
-            filled = min(self._block_size, seq.num_tokens - i * self._block_size)
-            self._num_filled[block] = max(self._num_filled[block], filled)
+        seq.num_tokens += tokens if isinstance(tokens, int) else len(tokens)
         if seq.tail is None or isinstance(tokens, int):
             seq.tail = None  # ids unknown: this sequence no longer feeds the cache
             return

@@ -23,7 +23,6 @@ class BlockPoolInspection:
     _caching: bool
     _cache_on_compute: bool
     _refcount: list[int]
-    _num_filled: list[int]
     _free: OrderedDict[int, None]
     _cache: dict[bytes, int]
     _key_of: dict[int, bytes]
@@ -113,9 +112,10 @@ class BlockPoolInspection:
         sequence id to its ``block_table``, ``num_tokens`` and ``reserved`` blocks.
         """
         owners = self.owners()
+        filled = self._filled_slots()
         blocks = [{"block": b, "refcount": self._refcount[b], "owners": owners.get(b, []),
                    "state": "used" if self._refcount[b] > 0 else "cached" if b in self._key_of else "free",
-                   "num_filled": self._num_filled[b]} for b in range(self._num_blocks)]
+                   "num_filled": filled[b]} for b in range(self._num_blocks)]
         sequences = {seq_id: {"block_table": list(seq.table), "num_tokens": seq.num_tokens,
                               "reserved": self._reserved.get(seq_id, 0)} for seq_id, seq in self._seqs.items()}
         return {"num_blocks": self._num_blocks, "block_size": self._block_size,
@@ -123,14 +123,24 @@ class BlockPoolInspection:
                 "num_reserved_blocks": self._total_reserved, "num_available_blocks": self.num_available_blocks,
                 "blocks": blocks, "sequences": sequences, "reservations": dict(self._reserved)}
 
+    def _filled_slots(self) -> list[int]:
+        """Token slots holding data per block, computed here rather than kept on the hot path: a used
+        block holds what its fullest holder wrote into it, a cached free block is full, a free one empty."""
+        size = self._block_size
+        filled = [size if b in self._key_of else 0 for b in range(self._num_blocks)]
+        for seq in self._seqs.values():
+            for i, block in enumerate(seq.table):
+                filled[block] = max(filled[block], min(size, seq.num_tokens - i * size))
+        return filled
+
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent anywhere.
 
         Checked: free + used == total; refcount >= 0 and equal to the number of table references;
         refcount 0 exactly for blocks on the free list; reservations positive and their sum equal to
         ``num_reserved_blocks`` and no larger than the free list; every table has
-        ``ceil(num_tokens / block_size)`` distinct blocks with matching fill counts; the prefix cache
-        and the per-block keys mirror each other and cover only full blocks.
+        ``ceil(num_tokens / block_size)`` distinct blocks and (ids known) a key chain as long as its full
+        blocks; the prefix cache and the per-block keys mirror each other.
         """
         refs = self._check_tables()
         for block in range(self._num_blocks):
@@ -147,7 +157,6 @@ class BlockPoolInspection:
         assert len(self._cache) == len(self._key_of), "prefix cache and block keys disagree"
         for key, block in self._cache.items():
             assert self._key_of.get(block) == key, f"cache entry for block {block} is stale"
-            assert self._num_filled[block] == self._block_size, f"cached block {block} is not full"
         assert self._caching or not self._cache, "prefix cache used while disabled"
 
     def _check_tables(self) -> list[int]:
@@ -158,11 +167,8 @@ class BlockPoolInspection:
             assert len(seq.table) == -(-seq.num_tokens // size), (
                 f"seq {seq_id!r}: {len(seq.table)} blocks for {seq.num_tokens} tokens")
             assert len(set(seq.table)) == len(seq.table), f"seq {seq_id!r} holds a block twice"
-            for i, block in enumerate(seq.table):
+            for block in seq.table:
                 refs[block] += 1
-                expected = min(size, seq.num_tokens - i * size)
-                assert self._num_filled[block] >= expected, (
-                    f"block {block} of seq {seq_id!r} holds {self._num_filled[block]} < {expected} slots")
             if seq.tail is not None:
                 assert len(seq.tail) == seq.num_tokens % size, f"seq {seq_id!r} tail token count mismatch"
                 assert len(seq.full_keys) == seq.num_tokens // size, f"seq {seq_id!r} key chain is short"

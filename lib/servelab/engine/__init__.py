@@ -15,7 +15,7 @@ Module map (one concept each, in the order a request meets them):
 * :mod:`~servelab.engine.sampler` -- the batched torch sampler;
 * :mod:`~servelab.engine.outputs` -- output processing: text, stop strings, emitted ids, outputs;
 * :mod:`~servelab.engine.engine` -- :class:`LLMEngine`: ``step`` as schedule -> prepare inputs -> forward
-  -> sample -> process outputs; :mod:`~servelab.engine.control` -- cancel, pause, resume, stream, generate;
+  -> sample -> process outputs; :mod:`~servelab.engine.control` -- the stream and generate drivers;
 * :mod:`~servelab.engine.reference` -- the plain full-recompute loop the tests compare against;
 * :mod:`~servelab.engine.trace` -- per-step records; :mod:`~servelab.engine.bench` -- the benchmark;
   :mod:`~servelab.engine.admission_study` -- both admission rules measured on one workload.

@@ -4,7 +4,7 @@ A step is five named phases: **schedule** (one scheduler tick: admissions under 
 preemptions, swaps, token budget) -> **prepare inputs** (the tick's chunks as one flat
 :class:`~servelab.engine.model_runner.ForwardInput`) -> **forward** (one pass, logits for the rows that
 sample) -> **sample** (the batched sampler) -> **process outputs** (text, stop strings, EOS / length,
-via :mod:`servelab.engine.outputs`), with expired deadlines ended first and one trace record last.
+via :mod:`servelab.engine.outputs`), with expired deadlines ended first and, when tracing is on, one trace record last.
 
 Every terminal path (finished, cancelled, timed out, failed) goes through :meth:`LLMEngine._end`: each
 of the request's sequences goes back through the one release path, ``Scheduler.release`` (KV blocks,
@@ -25,9 +25,11 @@ the same pass. A request with prompt logprobs is admitted under a namespace of i
 skips a position it has to score (its own recompute after a preemption keeps the scores it has).
 
 Cancel and pause / resume (a third kind of preemption: compute freed, KV kept) are methods here; the
-``stream`` and ``generate`` drivers live in :mod:`servelab.engine.control`. System boundary: timestamps come from the injected ``clock``
-(seconds) at the engine API: arrival is ``add_request``, an emit is the end of the step that hands a token
-to the caller; what is in front of the engine (network, HTTP, queueing) is outside.
+``stream`` and ``generate`` drivers live in :mod:`servelab.engine.control`. Tracing
+(``EngineConfig.trace_steps``) keeps a ring buffer of per-step records in :attr:`LLMEngine.trace`; off,
+a step builds none. System boundary: timestamps come from the injected ``clock`` (seconds) at the
+engine API: arrival is ``add_request``, an emit is the end of the step that hands a token to the
+caller; what is in front of the engine (network, HTTP, queueing) is outside.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ from servelab.engine.sequence import Sequence
 from servelab.engine.trace import StepRecord
 from servelab.engine.validation import RequestValidator, check_components, context_limit
 from servelab.kv import BlockAllocator
-from servelab.lifecycle import Ledger, RequestState, SlotPool, TerminalRecord, Usage
+from servelab.ledger import Ledger, TerminalRecord, Usage
+from servelab.lifecycle import RequestState, SlotPool
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling import SamplingParams
 

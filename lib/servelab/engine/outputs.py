@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from servelab.engine.sampler import TokenLogprob
 from servelab.engine.sequence import Sequence
-from servelab.lifecycle import Usage
+from servelab.ledger import Usage
 from servelab.metrics import RequestTiming
 
 
