@@ -286,8 +286,18 @@ class _Session:
         return {**reply, "refused": self._take_refused()}
 
 
+def _cap_memory(limit: int) -> None:
+    """Cap the worker's address space (bytes). macOS refuses ``RLIMIT_AS`` below its current value,
+    so there the cap is skipped; the wall-clock and CPU limits still hold."""
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (ValueError, OSError):
+        if sys.platform.startswith("linux"):
+            raise
+
+
 def _serve(requests_fd: int, replies_fd: int, output_limit: int, memory_limit: int) -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    _cap_memory(memory_limit)
     signal.signal(signal.SIGALRM, _on_limit)
     signal.signal(signal.SIGXCPU, _on_limit)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
