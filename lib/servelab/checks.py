@@ -33,7 +33,8 @@ from servelab.kv import (
     physical_blocks_no_sharing,
     physical_blocks_with_sharing,
 )
-from servelab.lifecycle import Ledger, RequestLifecycle, RequestState, SlotPool, Usage, reclaim
+from servelab.ledger import Usage
+from servelab.lifecycle import Ledger, RequestLifecycle, RequestState, SlotPool, reclaim
 from servelab.metrics import ModelShape, decode_cost, prefill_cost, ridge_point
 from servelab.sampling import (
     apply_frequency_presence,
