@@ -73,8 +73,10 @@ def fresh_venv(where: Path, wheel: Path) -> Path:
 
 
 def copy_notebooks(folder: Path) -> list[Path]:
-    """The course notebooks, copied (with their sub-folders) under ``folder``."""
+    """The course notebooks, copied (with their sub-folders) under ``folder``, and the book's pages beside
+    them as in a downloaded copy of the course: the course-plan notebook counts the words of ``../book``."""
     shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    shutil.copytree(ROOT / "book", folder.parent / "book", ignore=shutil.ignore_patterns("_build"))
     return sorted(folder.rglob("*.ipynb"))
 
 
