@@ -14,29 +14,14 @@ import torch
 
 from servelab.engine import EngineConfig, LLMEngine
 from servelab.engine.sampler import token_logprobs
-from servelab.model import LlamaConfig, LlamaForCausalLM, train_tokenizer
 from servelab.sampling import SamplingParams
 from servelab.server import BackgroundServer, ServerConfig
+from test_server import TEXT, model, tokenizer  # noqa: F401  the server tests' tiny model, tokenizer and text
 
 torch.set_num_threads(1)
 
 MODEL = "tiny"
-TEXT = ("ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
-        "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n\n") * 20
 PROMPT = "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo? Deny thy father"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_tokenizer(TEXT, vocab_size=300)
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    return LlamaForCausalLM(cfg).eval()
 
 
 def make_engine(model, tokenizer, **kwargs):
