@@ -204,3 +204,28 @@ def test_a_book_whose_notebook_hangs_fails_its_build_naming_the_notebook(tmp_pat
     assert "stuck.ipynb" in output and "CellTimeoutError" in output
     assert "hung at cell 2 (`import time  # this cell never returns`)" in output
     assert time.monotonic() - start < LIMIT_S + 240
+
+
+def test_nbval_runner_retries_a_kernel_that_never_started(tmp_path, monkeypatch):
+    """CI's first kernel of a fresh clone once took over nbval's 60 s to answer: that notebook is run
+    again (and the retry's result is the notebook's), and a notebook that fails for a real reason is not."""
+    import run_nbval
+
+    path = tmp_path / "nb.ipynb"
+    calls = []
+    replies = iter([nbrun.CommandRun(1, 'RuntimeError("Kernel didn\'t respond in 180 seconds")', 61.0, False),
+                    nbrun.CommandRun(0, "== 3 passed in 4.0s ==", 5.0, False)])
+
+    def once(notebook, env, limit_s):
+        calls.append(notebook)
+        return run_nbval.NbvalRun(notebook, next(replies), "")
+
+    monkeypatch.setattr(run_nbval, "nbval_once", once)
+    run, warning = run_nbval.nbval_notebook(path, log=lambda _: None)
+    assert run.ok and len(calls) == 2
+    assert "kernel did not start the first time; the retry passed" in warning
+
+    calls.clear()
+    replies = iter([nbrun.CommandRun(1, "AssertionError: 3 != 4", 5.0, False)])
+    run, warning = run_nbval.nbval_notebook(path, log=lambda _: None)
+    assert not run.ok and len(calls) == 1 and warning == ""

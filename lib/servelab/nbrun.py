@@ -146,6 +146,9 @@ class NotebookRun:
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+KERNEL_STARTUP_S = 180
+"""How long to wait for a notebook's kernel to answer (seconds); nbclient's default of 60 s was too
+short for the first kernel of a fresh clone on a loaded 2-core machine."""
 
 
 def _first_line(source: str) -> str:
@@ -266,6 +269,7 @@ def _worker(work: Path, cwd: Path, cell_timeout_s: float, allow_errors: bool, ke
 
     client = notebook_client_class()(nb, timeout=int(cell_timeout_s), kernel_name=kernel_name,
                                      allow_errors=allow_errors, on_cell_execute=started,
+                                     startup_timeout=KERNEL_STARTUP_S,
                                      resources={"metadata": {"path": str(cwd)}})
     try:
         client.execute()
