@@ -1,5 +1,5 @@
 """``gpu_memory_utilization``: the KV pool sized from GPU memory as vLLM does, checked on the CPU with
-made-up memory figures (the CUDA measurement itself needs a GPU)."""
+made-up memory figures; the CUDA measurement itself runs only where a GPU is (the last test)."""
 
 import pytest
 import torch
@@ -82,3 +82,21 @@ def test_server_flag_reaches_the_engine_config():
     assert engine_kwargs(args) == {"gpu_memory_utilization": 0.85, "max_num_seqs": 8}
     assert EngineConfig(**engine_kwargs(args)).gpu_memory_utilization == 0.85
     assert "gpu_memory_utilization" not in engine_kwargs(build_parser().parse_args([]))
+
+
+def test_on_cuda_the_pool_takes_what_the_fraction_leaves(engine_device):
+    """The real measurement (run by ``tools/gpu_check.sh``, which runs ``tests/test_engine*.py`` on CUDA):
+    a fraction 5 % above what the device already holds gives a pool of about 5 % of its memory, and a
+    fraction below what it holds is the clear error."""
+    if engine_device != "cuda":
+        pytest.skip("needs a CUDA GPU")
+    free, total = torch.cuda.mem_get_info()
+    held = (total - free) / total
+    fraction = min(1.0, held + 0.05)
+    runner = ModelRunner(tiny_model(), EngineConfig(device="cuda", block_size=16, gpu_memory_utilization=fraction))
+    room = total * fraction - (total - free)
+    assert 0.5 * room <= runner.num_blocks * runner.bytes_per_block <= room
+    del runner
+    torch.cuda.empty_cache()
+    with pytest.raises(ValueError, match="gpu_memory_utilization=.* leaves .* one KV block needs"):
+        ModelRunner(tiny_model(), EngineConfig(device="cuda", gpu_memory_utilization=held / 2))
