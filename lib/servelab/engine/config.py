@@ -1,14 +1,15 @@
 """Engine configuration: every knob the scheduler, KV cache and model runner read, validated once.
 
 System boundary: plain values only. Nothing here touches the model or the device; the model runner turns
-``kv_cache_memory_bytes`` (or ``num_blocks``) into a block pool, the scheduler reads the budgets.
+``num_blocks``, ``gpu_memory_utilization`` (on CUDA) or ``kv_cache_memory_bytes`` into a block pool, the
+scheduler reads the budgets.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab._validate import require_int, require_type
+from servelab._validate import require_int, require_interval, require_type
 from servelab.engine.policy import POLICIES
 from servelab.engine.reservation import RESERVATION_POLICIES
 
@@ -22,8 +23,16 @@ class EngineConfig:
     Attributes:
         block_size: tokens per KV block (the paging granularity).
         num_blocks: physical KV blocks in the device pool; ``None`` sizes the pool from
-            ``kv_cache_memory_bytes``.
-        kv_cache_memory_bytes: memory budget (bytes) for K and V of all layers when ``num_blocks`` is None.
+            ``gpu_memory_utilization`` (on CUDA) or ``kv_cache_memory_bytes``.
+        kv_cache_memory_bytes: memory budget (bytes) for K and V of all layers when ``num_blocks`` is None
+            (and, on CUDA, ``gpu_memory_utilization`` is None).
+        gpu_memory_utilization: fraction in (0, 1] of the CUDA device's total memory the engine may use
+            for weights, activations and KV cache (vLLM's knob; it serves with 0.9). When set, on CUDA and
+            with ``num_blocks`` None, the pool gets every whole block that fits in ``total x fraction``
+            minus what the device already holds minus the peak of one profiling forward pass of
+            ``max_num_batched_tokens`` tokens (:mod:`servelab.engine.gpu_memory`); too small a fraction for
+            one block is a ValueError. ``None`` (the default: a notebook may build several engines on one
+            device) keeps ``kv_cache_memory_bytes``. On the CPU it has no effect beyond validation.
         max_num_seqs: most sequences in one forward pass (batch slots).
         max_num_batched_tokens: per-iteration token budget shared by prefill chunks and decode tokens.
         enable_chunked_prefill: split a long prompt over several iterations when it exceeds the budget
@@ -57,6 +66,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None
     kv_cache_memory_bytes: int = 64 * 2**20
+    gpu_memory_utilization: float | None = None
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     enable_chunked_prefill: bool = True
@@ -78,6 +88,8 @@ class EngineConfig:
         for name in ("num_blocks", "max_model_len"):
             if getattr(self, name) is not None:
                 require_int(name, getattr(self, name), 1)
+        if self.gpu_memory_utilization is not None:
+            require_interval("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
         for name in ("swap_space_bytes", "trace_steps", "ledger_size"):
             require_int(name, getattr(self, name), 0)
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):

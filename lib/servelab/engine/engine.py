@@ -38,8 +38,9 @@ import itertools
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence as SequenceOf
+from collections.abc import Callable, Iterator, Mapping, Sequence as SequenceOf
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
@@ -70,6 +71,8 @@ class LLMEngine:
     """A small continuous-batching engine over a paged KV cache. See the module docstring."""
 
     chat_template: ChatTemplate | None = None  # the checkpoint's, set by from_pretrained; None: it has none
+    # generation_config.json's temperature / top_p / top_k / min_p / repetition_penalty, set by from_pretrained
+    default_sampling: Mapping[str, float | int] = MappingProxyType({})
 
     def __init__(self, model: LlamaForCausalLM, tokenizer, config: EngineConfig | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -101,7 +104,8 @@ class LLMEngine:
                         device: str | None = None, dtype: str | None = None,
                         clock: Callable[[], float] = time.perf_counter, **config) -> "LLMEngine":
         """An engine over a Llama checkpoint folder (default: the shipped Shakespeare model) with its
-        tokenizer and chat template (:attr:`chat_template`), or over a Hugging Face Hub id such as
+        tokenizer, chat template (:attr:`chat_template`) and default sampling settings
+        (:attr:`default_sampling`, from ``generation_config.json``: see :meth:`sampling_params`), or over a Hugging Face Hub id such as
         ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` when ``allow_download=True`` (never by default).
 
         ``device`` / ``dtype`` default to :func:`servelab.device.pick_device`; other keyword arguments are
@@ -111,11 +115,18 @@ class LLMEngine:
 
         engine_config = EngineConfig(device=device, dtype=dtype, **config)
         where, precision = resolve_device_dtype(engine_config)
-        model, tokenizer, template = load_pretrained(path_or_id, allow_download=allow_download,
-                                                     device=where, dtype=precision)
+        model, tokenizer, template, defaults = load_pretrained(path_or_id, allow_download=allow_download,
+                                                               device=where, dtype=precision)
         engine = cls(model, tokenizer, engine_config, clock=clock)
         engine.chat_template = template
+        engine.default_sampling = MappingProxyType(defaults)
         return engine
+
+    def sampling_params(self, **fields) -> SamplingParams:
+        """:class:`SamplingParams` of ``fields`` over the checkpoint's :attr:`default_sampling`: a field
+        given here keeps its value, one left out takes ``generation_config.json``'s, else the course default
+        (:mod:`servelab.model.generation_config` lists the fields read)."""
+        return SamplingParams(**(dict(self.default_sampling) | fields))
 
     # ------------------------------------------------------------------------------------------ API
 

@@ -20,6 +20,7 @@ import torch
 
 from servelab.engine.attention import KVCache, PagedAttention, build_metadata
 from servelab.device import pick_device
+from servelab.engine import gpu_memory
 from servelab.engine.config import EngineConfig
 from servelab.engine.scheduler import ScheduledChunk
 from servelab.engine.sequence import Sequence
@@ -115,7 +116,9 @@ class ModelRunner:
     """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``num_blocks`` blocks.
 
     The model is moved to the configured device and dtype in place (unset fields keep the model's own). The pool holds ``num_blocks`` blocks:
-    ``config.num_blocks``, or as many as ``config.kv_cache_memory_bytes`` pays for
+    ``config.num_blocks``; else, on CUDA with ``config.gpu_memory_utilization`` set, as many as fit in that
+    fraction of the device's memory after the weights and a profiling pass's peak
+    (:mod:`servelab.engine.gpu_memory`); else as many as ``config.kv_cache_memory_bytes`` pays for
     (``bytes_per_block = 2 * layers * block_size * kv_heads * head_dim * bytes_per_element``).
     """
 
@@ -126,12 +129,40 @@ class ModelRunner:
         self.block_size = config.block_size
         shape = (cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.bytes_per_block = KVCache.bytes_per_block(*shape, dtype=self.dtype)
-        self.num_blocks = config.num_blocks or max(1, config.kv_cache_memory_bytes // self.bytes_per_block)
+        self.num_blocks = config.num_blocks or self._pool_blocks(config)
         self.cache = KVCache(cfg.num_hidden_layers, self.num_blocks, config.block_size,
                              cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
         self.backend = PagedAttention(self.cache)
         swap_blocks = config.swap_space_bytes // self.bytes_per_block
         self.host_swap = HostSwapSpace(swap_blocks) if swap_blocks else None
+
+    def _pool_blocks(self, config: EngineConfig) -> int:
+        """Blocks for a pool whose size ``config.num_blocks`` leaves open."""
+        if config.gpu_memory_utilization is None or self.device.type != "cuda":
+            return max(1, config.kv_cache_memory_bytes // self.bytes_per_block)
+        return self._blocks_from_gpu_memory(config)
+
+    def _blocks_from_gpu_memory(self, config: EngineConfig) -> int:
+        """Profile one forward pass of ``max_num_batched_tokens`` tokens (one sequence from position 0,
+        its last ``max_num_seqs`` rows through the LM head) over a pool just large enough, then size the
+        real pool from what the device has left (:func:`~servelab.engine.gpu_memory.kv_blocks_for_gpu`)."""
+        cfg = self.model.config
+        tokens = min(config.max_num_batched_tokens, config.max_model_len or cfg.max_position_embeddings)
+        blocks = -(-tokens // config.block_size)
+        rows = min(config.max_num_seqs, tokens)
+        batch = ForwardInput(token_ids=[0] * tokens, positions=list(range(tokens)),
+                             spans=[ChunkSpan(0, tokens, list(range(blocks)))],
+                             sample_indices=list(range(tokens - rows, tokens)))
+
+        def profile() -> None:
+            self.backend = PagedAttention(KVCache(cfg.num_hidden_layers, blocks, config.block_size,
+                                                  cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device))
+            self.execute(batch)
+            del self.backend
+
+        seen = gpu_memory.measure_cuda_memory(self.device, profile)
+        return gpu_memory.kv_blocks_for_gpu(seen.total_bytes, config.gpu_memory_utilization, seen.used_bytes,
+                                            seen.activation_peak_bytes, self.bytes_per_block)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardInput) -> torch.Tensor:

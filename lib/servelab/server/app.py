@@ -268,7 +268,7 @@ async def _completions(request: web.Request, chat: bool) -> web.StreamResponse:
     try:
         tenant = state.gate.admit(request.headers.get("Authorization"), request.content_length)
         parsed = parse_request(await _read_body(request, state.gate), chat, state.config, state.vocab_size,
-                               state.engine.chat_template)
+                               state.engine.chat_template, state.engine.default_sampling)
         exchange, stream = _admit(state, parsed, chat, tenant, await _compile_grammar(state, parsed))
     except Rejection as rejection:
         return error_response(rejection)

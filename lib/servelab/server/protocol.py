@@ -13,7 +13,9 @@ parts. Structured outputs: ``response_format`` (``json_object``, ``json_schema``
 ``guided_choice`` and ``guided_regex`` (:mod:`servelab.grammar`). Logprobs (``logprobs``/``top_logprobs``/``echo``) are the raw model's (see
 :class:`~servelab.sampling.SamplingParams`). ``logit_bias`` maps token ids (JSON object keys, so strings) to a bias in [-100, 100] added to
 the logits before sampling. A ``temperature`` below 1e-5 samples greedily (vLLM's rule; dividing the
-logits by a subnormal temperature would overflow them).
+logits by a subnormal temperature would overflow them). ``temperature``, ``top_p``, ``top_k``, ``min_p``
+and ``repetition_penalty`` left out of a body take the served checkpoint's ``generation_config.json``
+values when it has them (vLLM's ``--generation-config auto``), else the course defaults.
 
 System boundary: the decoded JSON body of one request; no engine state.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -279,15 +282,15 @@ def _unsupported(body: dict) -> None:
         raise bad(f"{name} is not supported by this server", name)
 
 
-def _top_k(body: dict) -> int | None:
+def _top_k(body: dict, default: int | None) -> int | None:
     top_k = body.get("top_k")
     if type(top_k) is int and top_k in (-1, 0):
         return None  # vLLM / SGLang spell "no top-k" as -1 (or 0)
-    return _integer(body, "top_k", None, 1, 1 << 20)
+    return _integer(body, "top_k", default, 1, 1 << 20)
 
 
-def _temperature(body: dict) -> float:
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+def _temperature(body: dict, default: float) -> float:
+    temperature = _number(body, "temperature", default, 0.0, 2.0)
     return 0.0 if temperature < GREEDY_BELOW else temperature
 
 
@@ -359,8 +362,11 @@ def _logprobs(body: dict, chat: bool) -> tuple[int | None, bool]:
 
 
 def _sampling_params(body: dict, chat: bool, config: ServerConfig, vocab_size: int | None,
-                     course_chat: bool, logprobs: int | None, echo: bool) -> SamplingParams:
-    """The body's sampling fields as :class:`SamplingParams`, range-checked with OpenAI's limits.
+                     course_chat: bool, logprobs: int | None, echo: bool,
+                     defaults: Mapping[str, float | int]) -> SamplingParams:
+    """The body's sampling fields as :class:`SamplingParams`, range-checked with OpenAI's limits; a
+    field the body leaves out (or sends as null) takes the checkpoint's value from ``defaults``
+    (``generation_config.json``'s, :mod:`servelab.model.generation_config`), else the course default.
 
     ``max_tokens: 0`` is allowed with ``echo`` (score the prompt): the engine still samples one token,
     from the logits the prompt's prefill computes anyway, and the answer leaves it out."""
@@ -368,11 +374,14 @@ def _sampling_params(body: dict, chat: bool, config: ServerConfig, vocab_size: i
     max_tokens = _integer(body, tokens_field, config.default_max_tokens, 0 if echo else 1, 1 << 20)
     try:
         return SamplingParams(
-            temperature=_temperature(body), top_k=_top_k(body),
-            top_p=_number(body, "top_p", 1.0, 0.0, 1.0), min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+            temperature=_temperature(body, defaults.get("temperature", 1.0)),
+            top_k=_top_k(body, defaults.get("top_k")),
+            top_p=_number(body, "top_p", defaults.get("top_p", 1.0), 0.0, 1.0),
+            min_p=_number(body, "min_p", defaults.get("min_p", 0.0), 0.0, 1.0),
             presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
             frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-            repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.01, 10.0),
+            repetition_penalty=_number(body, "repetition_penalty", defaults.get("repetition_penalty", 1.0),
+                                       0.01, 10.0),
             logit_bias=parse_logit_bias(body.get("logit_bias"), vocab_size),
             max_tokens=max(1, max_tokens),
             stop=_stop_strings(body, course_chat), ignore_eos=_flag(body, "ignore_eos", False),
@@ -404,11 +413,14 @@ def chat_prompt(messages: object, template: ChatTemplate | None) -> str:
 
 
 def parse_request(body: object, chat: bool, config: ServerConfig, vocab_size: int | None = None,
-                  chat_template: ChatTemplate | None = None) -> ParsedRequest:
+                  chat_template: ChatTemplate | None = None,
+                  sampling_defaults: Mapping[str, float | int] | None = None) -> ParsedRequest:
     """Validate a completions (``chat`` False) or chat-completions body; raises a 4xx :class:`Rejection`.
 
     ``vocab_size`` bounds the token ids a client may name (in ``prompt`` and ``logit_bias``);
-    ``chat_template`` is the served checkpoint's own template, if it has one.
+    ``chat_template`` is the served checkpoint's own template, if it has one; ``sampling_defaults`` are
+    its ``generation_config.json`` settings (:attr:`servelab.engine.LLMEngine.default_sampling`), the values
+    of the sampling fields a body leaves out.
     """
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
@@ -423,7 +435,7 @@ def parse_request(body: object, chat: bool, config: ServerConfig, vocab_size: in
                      else "max_tokens") is not None
     course_chat = chat and chat_template is None
     logprobs, echo = _logprobs(body, chat)
-    params = _sampling_params(body, chat, config, vocab_size, course_chat, logprobs, echo)
+    params = _sampling_params(body, chat, config, vocab_size, course_chat, logprobs, echo, sampling_defaults or {})
     grammar, grammar_param = _grammar(body)
     if grammar is not None and params.ignore_eos:
         raise bad(f"ignore_eos cannot be combined with {grammar_param}: once the grammar is complete only the "
