@@ -11,7 +11,8 @@ from torch import nn
 from servelab.capacity import kv_bytes_for_tokens
 from servelab.model import LlamaConfig, LlamaForCausalLM
 from servelab.quantization import (KV_FORMATS, PROJECTION_NAMES, Int8Linear, KVFormat, dequantize_int8, kv_capacity,
-                                   model_weight_bytes, quantize_model, quantize_per_channel_int8)
+                                   model_weight_bytes, quantize_model, quantize_model_dynamic,
+                                   quantize_per_channel_int8)
 
 torch.set_num_threads(1)
 
@@ -127,3 +128,26 @@ def test_kv_capacity_reuses_kv_formula():
 def test_bad_inputs_name_the_parameter(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_dynamic_int8_reads_int8_codes_and_stays_close(fp32_model):
+    kernel = quantize_model_dynamic(copy.deepcopy(fp32_model))
+    layer = kernel.model.layers[0]
+    assert all(isinstance(getattr(block, name), torch.ao.nn.quantized.dynamic.Linear)
+               for block in (layer.self_attn, layer.mlp) for name in PROJECTION_NAMES if hasattr(block, name))
+    assert isinstance(kernel.lm_head, nn.Linear)  # the tied LM head and the embeddings stay float
+    ids = torch.randint(0, CFG.vocab_size, (2, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref, got = fp32_model(ids), kernel(ids)
+    assert 0 < (ref - got).abs().max().item() < 2 * LOGIT_ATOL  # activations are int8 too: a little looser
+    assert (ref.argmax(-1) == got.argmax(-1)).float().mean() > 0.9
+    with pytest.raises(ValueError, match="no floating-point projections"):
+        quantize_model_dynamic(kernel)
+
+
+def test_dynamic_int8_bytes_match_weight_only(fp32_model):
+    weight_only = model_weight_bytes(quantize_model(copy.deepcopy(fp32_model)))
+    kernel = model_weight_bytes(quantize_model_dynamic(copy.deepcopy(fp32_model)))
+    assert kernel["int8_weights"] == weight_only["int8_weights"]  # the same codes: one byte per weight
+    assert kernel["float_weights"] == weight_only["float_weights"]
+    assert kernel["scales"] > 0

@@ -22,6 +22,7 @@ Nothing here measures accuracy or speed; the chapter notebook does, on the shipp
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,7 @@ __all__ = [
     "kv_capacity",
     "model_weight_bytes",
     "quantize_model",
+    "quantize_model_dynamic",
     "quantize_per_channel_int8",
 ]
 
@@ -143,10 +145,41 @@ def quantize_model(model: LlamaForCausalLM) -> LlamaForCausalLM:
     return model
 
 
+def quantize_model_dynamic(model: LlamaForCausalLM) -> LlamaForCausalLM:
+    """The kernel path: every decoder projection becomes PyTorch's dynamically quantized linear layer
+    (``torch.ao``), in place; returns the same object.
+
+    Unlike :class:`Int8Linear`, which converts its int8 codes back to floats on every call, this layer's
+    kernel (fbgemm or oneDNN on x86 CPUs) reads the int8 weight directly: the activations are quantized
+    to int8 per call (one scale per batch), multiplied in integer arithmetic and rescaled. Weights keep
+    one scale per output channel, as in :func:`quantize_per_channel_int8`. CPU only; embeddings, norms and
+    the tied LM head stay in floating point.
+    """
+    if not isinstance(model, LlamaForCausalLM):
+        raise TypeError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
+    names = {f"model.layers.{i}.{part}.{name}" for i, layer in enumerate(model.model.layers)
+             for part in ("self_attn", "mlp") for name in PROJECTION_NAMES
+             if isinstance(getattr(getattr(layer, part), name, None), nn.Linear)}
+    if not names:
+        raise ValueError("model has no floating-point projections left to quantize")
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    with warnings.catch_warnings():  # torch.ao's eager API announces its move to torchao on every call
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(model, dict.fromkeys(names, qconfig), inplace=True)
+
+
+def _dynamic_int8_bytes(module: nn.Module) -> tuple[int, int]:
+    """(int8 weight bytes, scale bytes) of a ``torch.ao`` dynamically quantized linear layer."""
+    weight = module.weight()
+    scales = weight.q_per_channel_scales() if weight.qscheme() == torch.per_channel_affine else torch.ones(1)
+    return weight.numel() * weight.element_size(), scales.numel() * scales.element_size()
+
+
 def model_weight_bytes(model: nn.Module) -> dict[str, int]:
     """Stored bytes of ``model``'s weights, split by kind; shared (tied) tensors are counted once.
 
-    Keys: ``"int8_weights"`` (int8 codes), ``"scales"`` (their float scales), ``"float_weights"``
+    Keys: ``"int8_weights"`` (int8 codes, of :class:`Int8Linear` or of :func:`quantize_model_dynamic`'s
+    layers), ``"scales"`` (their float scales), ``"float_weights"``
     (every other parameter or buffer: embeddings, norms, unquantized projections) and ``"total"``.
     """
     if not isinstance(model, nn.Module):
@@ -154,6 +187,10 @@ def model_weight_bytes(model: nn.Module) -> dict[str, int]:
     seen: set[int] = set()
     split = {"int8_weights": 0, "scales": 0, "float_weights": 0}
     for module in model.modules():
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            weights, scales = _dynamic_int8_bytes(module)
+            split["int8_weights"] += weights
+            split["scales"] += scales
         tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
         for name, tensor in tensors:
             if tensor.data_ptr() in seen:
