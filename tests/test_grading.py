@@ -178,7 +178,7 @@ def _corpus(folder: Path, pid_file: Path) -> None:
     _write(kv, folder / "bob__ex07-kv-sizing (1).ipynb")
     # the cheats
     _write(_replace_class(_notebook("ex03-block-allocator"), ALLOCATOR_MARK,
-                          "from servelab.exercises._reference import ReferenceAllocator as Allocator"),
+                          "from servelab_instructor.reference import ReferenceAllocator as Allocator"),
            folder / "answer__ex03-block-allocator.ipynb")
     _write(_replace_class(_notebook("ex02-stop-buffer"), STOP_MARK,
                           "from servelab.streaming import StopStringBuffer as StopBuffer"),
@@ -280,7 +280,7 @@ def test_an_endless_function_costs_only_its_own_cases(graded):
 
 
 @pytest.mark.parametrize("student, named", [
-    ("answer", "refused import: servelab.exercises._reference"),
+    ("answer", "refused import: servelab_instructor.reference"),
     ("library", "refused import: servelab.streaming"),
     ("inside", "refused import: servelab.metrics.goodput"),
     ("frame", "raised KeyError: 'expected'"),
