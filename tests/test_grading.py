@@ -381,6 +381,31 @@ def test_a_seed_is_required_and_bad_input_is_named(tmp_path):
         read_roster(tmp_path / "r.csv")
 
 
+# The grader's command line with the instructor package blocked, as on a machine with only the wheel installed.
+WITHOUT_INSTRUCTOR = ("import sys; sys.modules['servelab_instructor'] = None; "
+                      "from servelab.exercises.__main__ import main; sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("instructor", [True, False], ids=["with-reference", "without-reference"])
+def test_the_grader_needs_the_instructor_reference_and_names_it_when_missing(tmp_path, instructor):
+    right_bytes = "    return 2 * n_layer * n_kv_head * d_head * bytes_per_elem"
+    kv = _replace(_replace(_notebook("ex07-kv-sizing"), KV_BYTES_STUB, right_bytes), KV_REQUESTS_STUB, MAX_REQUESTS)
+    _write(kv, tmp_path / "submissions" / "bob__ex07-kv-sizing.ipynb")
+    sheet = tmp_path / "grades.csv"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1", "SERVELAB_GRADE_SEED": SEED}
+    start = ["-m", "servelab.exercises"] if instructor else ["-c", WITHOUT_INSTRUCTOR]
+    run = subprocess.run([sys.executable, *start, "grade", str(tmp_path / "submissions"), "--out", str(sheet),
+                          "--case-time", "1"], env=env, capture_output=True, text=True, timeout=120)
+    if instructor:
+        assert run.returncode == 0, run.stderr
+        with sheet.open(encoding="utf-8") as handle:
+            total = next(r for r in csv.DictReader(handle) if r["case"] == "TOTAL")
+        assert (total["student"], total["points"], total["max_points"]) == ("bob", "10", "10")
+    else:
+        assert run.returncode == 2 and not sheet.exists()
+        assert "servelab_instructor" in run.stderr and "make setup" in run.stderr and "PYTHONPATH" in run.stderr
+
+
 def test_submission_names_from_lms_downloads(tmp_path):
     from servelab.exercises.submissions import find_submissions
 
