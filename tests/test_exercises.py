@@ -23,7 +23,7 @@ from servelab.exercises import (
     check_top_p,
     worked_example,
 )
-from servelab.exercises._reference import (
+from servelab_instructor.reference import (
     ReferenceAllocator,
     reference_accept,
     reference_admit,

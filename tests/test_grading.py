@@ -178,7 +178,7 @@ def _corpus(folder: Path, pid_file: Path) -> None:
     _write(kv, folder / "bob__ex07-kv-sizing (1).ipynb")
     # the cheats
     _write(_replace_class(_notebook("ex03-block-allocator"), ALLOCATOR_MARK,
-                          "from servelab.exercises._reference import ReferenceAllocator as Allocator"),
+                          "from servelab_instructor.reference import ReferenceAllocator as Allocator"),
            folder / "answer__ex03-block-allocator.ipynb")
     _write(_replace_class(_notebook("ex02-stop-buffer"), STOP_MARK,
                           "from servelab.streaming import StopStringBuffer as StopBuffer"),
@@ -280,7 +280,7 @@ def test_an_endless_function_costs_only_its_own_cases(graded):
 
 
 @pytest.mark.parametrize("student, named", [
-    ("answer", "refused import: servelab.exercises._reference"),
+    ("answer", "refused import: servelab_instructor.reference"),
     ("library", "refused import: servelab.streaming"),
     ("inside", "refused import: servelab.metrics.goodput"),
     ("frame", "raised KeyError: 'expected'"),
@@ -379,6 +379,31 @@ def test_a_seed_is_required_and_bad_input_is_named(tmp_path):
     (tmp_path / "r.csv").write_text("name\nx\n")
     with pytest.raises(ValueError, match="'student' column"):
         read_roster(tmp_path / "r.csv")
+
+
+# The grader's command line with the instructor package blocked, as on a machine with only the wheel installed.
+WITHOUT_INSTRUCTOR = ("import sys; sys.modules['servelab_instructor'] = None; "
+                      "from servelab.exercises.__main__ import main; sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("instructor", [True, False], ids=["with-reference", "without-reference"])
+def test_the_grader_needs_the_instructor_reference_and_names_it_when_missing(tmp_path, instructor):
+    right_bytes = "    return 2 * n_layer * n_kv_head * d_head * bytes_per_elem"
+    kv = _replace(_replace(_notebook("ex07-kv-sizing"), KV_BYTES_STUB, right_bytes), KV_REQUESTS_STUB, MAX_REQUESTS)
+    _write(kv, tmp_path / "submissions" / "bob__ex07-kv-sizing.ipynb")
+    sheet = tmp_path / "grades.csv"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1", "SERVELAB_GRADE_SEED": SEED}
+    start = ["-m", "servelab.exercises"] if instructor else ["-c", WITHOUT_INSTRUCTOR]
+    run = subprocess.run([sys.executable, *start, "grade", str(tmp_path / "submissions"), "--out", str(sheet),
+                          "--case-time", "1"], env=env, capture_output=True, text=True, timeout=120)
+    if instructor:
+        assert run.returncode == 0, run.stderr
+        with sheet.open(encoding="utf-8") as handle:
+            total = next(r for r in csv.DictReader(handle) if r["case"] == "TOTAL")
+        assert (total["student"], total["points"], total["max_points"]) == ("bob", "10", "10")
+    else:
+        assert run.returncode == 2 and not sheet.exists()
+        assert "servelab_instructor" in run.stderr and "make setup" in run.stderr and "PYTHONPATH" in run.stderr
 
 
 def test_submission_names_from_lms_downloads(tmp_path):

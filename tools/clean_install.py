@@ -6,7 +6,9 @@
    runtime a Jupyter front end brings (``ipykernel`` 6 as on Colab, ``nbclient``). None of the dev pins.
 3. Copy the notebooks into a temporary folder outside the checkout and run each one there with
    nbclient in the fresh environment, so an import that only works inside the checkout, a file read
-   by a path relative to it, or a module the package does not declare shows up as an error cell.
+   by a path relative to it, or a module the package does not declare shows up as an error cell. The
+   instructor-only reference solutions (``servelab_instructor``) must not be importable there: the
+   exercise notebooks' public checks run on committed expected values alone.
    Each notebook runs in a process of its own under a hard limit (:func:`servelab.nbrun.run_notebook`,
    enforced from this process): one that hangs is killed with its kernel, named with the cell it was
    running, and retried once. A retry that passes still prints a warning naming that cell.
@@ -124,12 +126,21 @@ def run_all(folder: Path, python: Path, env: dict[str, str]) -> int:
     return 1 if errors or hung else 0
 
 
+PROBE = ("import importlib.util, servelab; print(servelab.__file__); "
+         "print(importlib.util.find_spec('servelab_instructor') is not None)")
+"""Prints where servelab comes from, then whether the instructor-only reference package is importable."""
+
+
 def check_wheel_import(python: Path, cwd: Path, env: dict[str, str]) -> None:
-    """The fresh venv must import servelab from the wheel, not from this checkout."""
-    where = subprocess.run([str(python), "-c", "import servelab; print(servelab.__file__)"], cwd=cwd,
-                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+    """The fresh venv must import servelab from the wheel, not from this checkout, and must not find the
+    instructor-only reference solutions (``servelab_instructor``): the notebooks run without them."""
+    where, instructor = subprocess.run([str(python), "-c", PROBE], cwd=cwd, env=env, capture_output=True,
+                                       text=True, check=True).stdout.split()
     if Path(where).resolve().is_relative_to(ROOT):
         raise SystemExit(f"servelab was imported from the checkout ({where}), not the wheel")
+    if instructor == "True":
+        raise SystemExit("the clean install can import servelab_instructor (the reference solutions); the "
+                         "wheel must not contain it")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,10 @@ failure what went in, what came out, what was expected and the steps that led th
 :class:`CheckResult` (``.passed``, ``.failures``, ``.points``, ``.max_points``, ``.not_implemented``).
 A checker never raises: the stub shipped in a notebook raises ``NotImplementedError``, which is
 reported as "not implemented yet". ``seed=None`` runs the public cases; ``seed=N`` the hidden cases
-the grader draws from an instructor's secret seed (:mod:`servelab.exercises.hidden`). The reference
-solutions live in the checkers' private module and are not exported here.
+the grader draws from an instructor's secret seed (:mod:`servelab.exercises.hidden`). The public
+cases' expected values are committed data; the reference solutions that compute them, and the hidden
+cases' expected values, live in the instructor-only package ``servelab_instructor``, which this
+package's wheel does not contain (:mod:`servelab.exercises.expected`).
 ``SERVELAB_GRADE_SEED=N python -m servelab.exercises grade SUBMISSIONS_DIR --out grades.csv`` calls every
 student's code in an isolated worker on the hidden cases (:mod:`servelab.exercises.grade`).
 

@@ -4,7 +4,9 @@ Grades every student's exercise notebooks on hidden cases drawn from a secret se
 ``SERVELAB_GRADE_SEED`` environment variable; prefer the variable: a command line is visible to every
 process on the machine), prints each student's total per exercise and every skipped file with its
 reason, and writes the sheet in ``--format long|canvas|moodle`` (see :mod:`servelab.exercises.lms`),
-plus one Markdown feedback file per student with ``--feedback DIR``.
+plus one Markdown feedback file per student with ``--feedback DIR``. The hidden cases need the
+instructor-only reference solutions (``servelab_instructor``, in the course repository's ``lib/``, not in
+the wheel); without them it prints what is missing and how to get it, and exits with status 2.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import os
 import sys
 
+from servelab.exercises.expected import MissingReference
 from servelab.exercises.grade import grade_submissions
 from servelab.exercises.lms import FORMATS, read_roster, write_feedback, write_sheet
 from servelab.exercises.reaper import hide_process_state
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         seed, limits = _seed(args.seed), _limits(args)
         roster = read_roster(args.roster) if args.roster else None
         run = grade_submissions(args.submissions, seed, limits, args.jobs)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, MissingReference) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for row in run.rows:

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 __all__ = ["RequestTiming", "decode", "encode"]
 
 _LOOSE_TYPES = (bool, int, float, str, type(None))
+_GUARDED = ("servelab", "servelab_instructor")
+"""The top-level packages graded code may not import: the course library and its reference solutions."""
 
 
 class _TimedOut(BaseException):
@@ -46,7 +48,8 @@ class _TimedOut(BaseException):
 
 
 class RefusedImport(ImportError):
-    """Graded code imported a ``servelab`` module (or name) that its exercise does not allow."""
+    """Graded code imported a ``servelab`` (or ``servelab_instructor``) module or name its exercise does
+    not allow."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class RequestTiming:
 
     arrival: float
     first_scheduled: float
-    emit_times: tuple
+    emit_times: tuple[float, ...]
     finish: float
     prompt_tokens: int = 0
 
@@ -148,13 +151,14 @@ class _Handle:
 
 
 class _Guard(importlib.abc.MetaPathFinder):
-    """Refuses every ``servelab`` import except the allowed stand-ins; records each refusal."""
+    """Refuses every ``servelab`` and ``servelab_instructor`` import except the allowed stand-ins;
+    records each refusal."""
 
     def __init__(self, allowed: dict[str, list[str]]) -> None:
         self.allowed, self.refused = allowed, []
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
-        if fullname.split(".")[0] == "servelab" and fullname not in sys.modules:
+        if fullname.split(".")[0] in _GUARDED and fullname not in sys.modules:
             self.refused.append(fullname)
             raise RefusedImport(f"import of {fullname} refused: graded code may not use the course library")
         return None
@@ -163,7 +167,7 @@ class _Guard(importlib.abc.MetaPathFinder):
         """A wrapper of ``__import__`` that names the whole module an ``import`` statement asked for."""
         def guarded(name: str, globals: object = None, locals: object = None, fromlist: object = (),
                     level: int = 0) -> object:
-            if level == 0 and name.split(".")[0] == "servelab":
+            if level == 0 and name.split(".")[0] in _GUARDED:
                 wanted = [name] if name not in self.allowed else \
                     [f"{name}.{n}" for n in fromlist or () if n not in self.allowed[name]]
                 if wanted:
@@ -191,7 +195,7 @@ def _install_guard(allowed: dict[str, list[str]]) -> _Guard:
                 sys.modules[name].__getattr__ = _refuser(guard, name)
         for name in names:
             setattr(sys.modules[module], name, stand_ins[name])
-    sys.path[:] = [p for p in sys.path if not os.path.isdir(os.path.join(p or ".", "servelab"))]
+    sys.path[:] = [p for p in sys.path if not any(os.path.isdir(os.path.join(p or ".", g)) for g in _GUARDED)]
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__name__.lower()]
     sys.meta_path.insert(0, guard)
     builtins.__import__ = guard.importer(builtins.__import__)

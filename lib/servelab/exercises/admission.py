@@ -19,18 +19,19 @@ could never fit the whole pool. Everything else stays queued. The rules:
    block the ones behind it;
 5. an admitted request needs a batch slot as well as blocks.
 
-The reference reserves with ``servelab.kv.BlockAllocator.reserve``, as the engine's scheduler does.
+The reference reserves with ``servelab.kv.BlockAllocator.reserve``, as the engine's scheduler does;
+the public cases' expected values are committed data (:mod:`servelab.exercises.expected`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from servelab.exercises._reference import reference_admit
+from servelab.exercises.expected import paired, public_expected, reference
 from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
-__all__ = ["check_admission"]
+__all__ = ["check_admission", "expected_from_reference"]
 
 Admit = Callable[[list[tuple[str, int, int]], int, int, int, int], tuple[list[str], list[str]]]
 
@@ -63,6 +64,19 @@ def hidden_cases(seed: int) -> tuple:
     return tuple(cases)
 
 
+def expected_from_reference(cases: tuple) -> list[list[list[str]]]:
+    """The reference's ``[admitted, rejected]`` for every case of a table."""
+    admit = reference().reference_admit
+    return [[list(names) for names in admit(list(args[0]), *args[1:])] for _, args, _ in cases]
+
+
+def _table(seed: int | None) -> list[tuple]:
+    """The cases of ``seed`` (public when None), each paired with its expected ``(admitted, rejected)``."""
+    cases = ADMISSION_CASES if seed is None else hidden_cases(seed)
+    values = public_expected("admission") if seed is None else expected_from_reference(cases)
+    return [(case, (admitted, rejected)) for case, (admitted, rejected) in paired("admission", cases, values)]
+
+
 def _steps(queue: list, pool_blocks: int, held: int, block_size: int) -> str:
     left, parts = pool_blocks - held, []
     for name, prompt, output in queue:
@@ -71,9 +85,8 @@ def _steps(queue: list, pool_blocks: int, held: int, block_size: int) -> str:
     return f"steps: {pool_blocks} blocks - {held} held = {left} available; " + "; ".join(parts)
 
 
-def _case(admit: Admit, args: tuple) -> None:
+def _case(admit: Admit, args: tuple, expected: tuple[list[str], list[str]]) -> None:
     queue, pool_blocks, held, block_size, slots = args
-    expected = reference_admit(list(queue), pool_blocks, held, block_size, slots)
     got = admit(list(queue), pool_blocks, held, block_size, slots)
     got_norm = (list(got[0]), list(got[1])) if isinstance(got, (tuple, list)) and len(got) == 2 else got
     if got_norm != expected:
@@ -85,15 +98,14 @@ def _case(admit: Admit, args: tuple) -> None:
 
 def check_admission(admit: Admit, verbose: bool = True, seed: int | None = None) -> CheckResult:
     """Run the admission cases (public, or the hidden ones of ``seed``) against FCFS with reservations."""
-    table = ADMISSION_CASES if seed is None else hidden_cases(seed)
-    cases = [Case(rule, lambda a=args: _case(admit, a), points) for rule, args, points in table]
+    cases = [Case(rule, lambda a=args, e=expected: _case(admit, a, e), points)
+             for (rule, args, points), expected in _table(seed)]
     return run_cases("admission with reservations", cases, verbose)
 
 
 def worked_example() -> str:
-    """The shrinking-reservation case on the reference."""
-    queue, pool_blocks, held, block_size, slots = ADMISSION_CASES[1][1]
-    admitted, rejected = reference_admit(queue, pool_blocks, held, block_size, slots)
+    """The shrinking-reservation case (public) and what a correct ``admit`` returns."""
+    (_, (queue, pool_blocks, held, block_size, slots), _), (admitted, rejected) = _table(None)[1]
     return (f"admit({queue}, pool_blocks={pool_blocks}, held_blocks={held}, block_size={block_size}, "
             f"free_slots={slots})\n-> admitted {admitted}, rejected {rejected}\n"
             f"{_steps(queue, pool_blocks, held, block_size)}")

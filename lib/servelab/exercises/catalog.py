@@ -3,7 +3,7 @@
 One :class:`Exercise` per notebook of ``notebooks/exercises/``, keyed by the notebook's stem. The
 batch grader (``python -m servelab.exercises grade``) uses it to know which names to read from a
 student's executed notebook; :func:`worked_example` gives each notebook its worked expected output,
-computed from the checkers' reference.
+from the public cases' expected values.
 """
 
 from __future__ import annotations
@@ -64,5 +64,5 @@ def exercise_for(stem: str) -> Exercise:
 
 
 def worked_example(stem: str) -> str:
-    """The notebook's worked example: a call and what a correct solution returns (from the reference)."""
+    """The notebook's worked example: a call and what a correct solution returns."""
     return exercise_for(stem).example()

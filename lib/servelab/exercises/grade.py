@@ -6,7 +6,9 @@ output limits per case, and refuses every ``servelab`` import its exercise does 
 exercise's checkers then run **here**, on the *hidden* cases generated from the instructor's secret
 seed, calling the student's functions and classes through proxies: the inputs go to the worker and
 the student's answers come back as plain data, so the expected values, the checkers and the grade
-sheet never exist where the student's code runs. A case's note names the rule's input and what the
+sheet never exist where the student's code runs. The hidden cases' expected values come from the
+instructor-only reference solutions (:func:`.expected.reference`): without them grading stops at once
+with a :class:`.expected.MissingReference` naming how to get them. A case's note names the rule's input and what the
 student returned (or the refused import, the time limit, the crash), never a hidden expected value.
 
 For a folder (:func:`grade_submissions`): see :mod:`.submissions` for the names accepted; notebooks
@@ -29,6 +31,7 @@ import nbformat
 from servelab._validate import require_int
 from servelab.exercises import sandbox
 from servelab.exercises.catalog import EXERCISES, Exercise, exercise_for
+from servelab.exercises.expected import reference
 from servelab.exercises.extract import graded_statements
 from servelab.exercises.reaper import reaping, sweep
 from servelab.exercises.result import CheckResult, observing_cases
@@ -123,6 +126,7 @@ def grade_notebook(path: str | Path, student: str, seed: int, limits: Limits = L
     """
     path = Path(path)
     require_int("seed", seed, 0)
+    reference()  # MissingReference before any student code runs
     exercise = exercise_for(stem or next((s for s in EXERCISES if s in path.name), path.stem.split("__")[-1]))
     names = tuple(n for _, ns in exercise.checks for n in ns)
     crash = ""
@@ -160,6 +164,7 @@ def grade_submissions(folder: str | Path, seed: int, limits: Limits = Limits(), 
     """
     require_int("jobs", jobs, 1)
     require_int("seed", seed, 0)
+    reference()  # MissingReference before any student code runs
     found, skipped = find_submissions(folder)
     if not found:
         raise ValueError(f"no exercise notebook ({', '.join(sorted(EXERCISES))}) under {folder}")

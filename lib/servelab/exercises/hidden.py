@@ -3,7 +3,8 @@
 Each checker takes ``seed=None`` (its public cases, the ones the notebook runs) or an int (hidden
 cases: the same rules, the same titles and points, different inputs). The inputs are derived from
 ``seed`` and the checker's name only, so one seed gives every student the same hidden cases, and
-the expected values are computed by the checker in the grader's process.
+the expected values are computed in the grader's process, by the instructor-only reference solutions
+where a checker has one (:mod:`servelab.exercises.expected`).
 """
 
 from __future__ import annotations

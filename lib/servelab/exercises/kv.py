@@ -13,8 +13,9 @@ Student interface (a class; block ids are the student's own choice)::
         def refcount(self, block: int) -> int: ...
 
 When the pool is short, ``allocate``/``append`` raise ``MemoryError`` and change nothing. The reference
-is ``servelab.kv.BlockAllocator`` (prefix caching off) behind the same interface, in the checkers'
-private module. After every operation the checker compares the free-block count, the operation's
+is ``servelab.kv.BlockAllocator`` (prefix caching off) behind the same interface, in the
+instructor-only package; the public scenarios' expected steps are committed data
+(:mod:`servelab.exercises.expected`), replayed from the reference by :func:`trace`. After every operation the checker compares the free-block count, the operation's
 result and, for every live sequence, the refcounts along its block table; a failure names the rule
 the scenario tests and lists every step before the failing one with what it returned.
 """
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-from servelab.exercises._reference import ReferenceAllocator
+from servelab.exercises.expected import paired, public_expected, reference
 from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
-__all__ = ["check_block_allocator"]
+__all__ = ["check_block_allocator", "expected_from_reference", "trace"]
 
 
 # A scenario is (rule, pool blocks, block size, operations, points); an operation is (method, *arguments).
@@ -76,9 +77,42 @@ def _apply(alloc: object, op: tuple) -> object:
     return len(result) if method == "allocate" else result if method == "free" else None
 
 
-def _state(alloc: object, live: list[Hashable]) -> tuple:
+def _state(alloc: object, live: list[Hashable]) -> tuple[int, dict[Hashable, list[int]]]:
     tables = {s: [alloc.refcount(b) for b in alloc.block_table(s)] for s in live}
     return alloc.num_free_blocks, tables
+
+
+def _live_after(live: list[Hashable], op: tuple, outcome: object) -> list[Hashable]:
+    """The sequences holding blocks after ``op`` had ``outcome``."""
+    if op[0] in ("allocate", "fork") and outcome != "MemoryError":
+        return [*live, op[-1] if op[0] == "fork" else op[1]]
+    return [s for s in live if s != op[1]] if op[0] == "free" else live
+
+
+def trace(alloc: object, ops: list) -> list[dict]:
+    """Replay ``ops`` on ``alloc``: after each step its ``result``, ``free`` blocks and the ``refcounts``
+    along every live sequence's block table (what a correct allocator must show)."""
+    live: list[Hashable] = []
+    steps = []
+    for op in ops:
+        outcome = _apply(alloc, op)
+        live = _live_after(live, op, outcome)
+        free, refcounts = _state(alloc, live)
+        steps.append({"result": outcome, "free": free, "refcounts": refcounts})
+    return steps
+
+
+def expected_from_reference(scenarios: tuple) -> list[list[dict]]:
+    """The reference allocator's :func:`trace` of every scenario of a table."""
+    allocator = reference().ReferenceAllocator
+    return [trace(allocator(n, block_size), ops) for _, n, block_size, ops, _ in scenarios]
+
+
+def _table(seed: int | None) -> list[tuple]:
+    """The scenarios of ``seed`` (public when None), each paired with its expected steps."""
+    scenarios = SCENARIOS if seed is None else hidden_scenarios(seed)
+    values = public_expected("block_allocator") if seed is None else expected_from_reference(scenarios)
+    return paired("block_allocator", scenarios, values)
 
 
 def _call_text(op: tuple) -> str:
@@ -92,45 +126,40 @@ def _history(done: list[str]) -> str:
     return "steps before it:\n" + "\n".join(f"  {line}" for line in done)
 
 
-def _run_scenario(student_cls: Callable[[int, int], object], num_blocks: int, block_size: int, ops: list) -> None:
-    """Replay ``ops`` on both allocators; at the first difference, fail with the steps that led there."""
-    reference, student = ReferenceAllocator(num_blocks, block_size), student_cls(num_blocks, block_size)
+def _run_scenario(student_cls: Callable[[int, int], object], num_blocks: int, block_size: int, ops: list,
+                  expected: list[dict]) -> None:
+    """Replay ``ops`` on the student's allocator; at the first difference from the ``expected`` steps,
+    fail with the steps that led there."""
+    student = student_cls(num_blocks, block_size)
     live: list[Hashable] = []
     done: list[str] = []
-    for step, op in enumerate(ops, 1):
-        expected, got = _apply(reference, op), _apply(student, op)
+    for step, (op, right) in enumerate(zip(ops, expected, strict=True), 1):
+        got = _apply(student, op)
         call = f"step {step} {_call_text(op)} on a pool of {num_blocks} blocks x {block_size} slots"
-        if got != expected:
-            raise CaseFailure(f"{call} gave {got!r}, expected {expected!r}; {_history(done)}")
-        if op[0] in ("allocate", "fork") and expected != "MemoryError":
-            live.append(op[-1] if op[0] == "fork" else op[1])
-        if op[0] == "free":
-            live = [s for s in live if s != op[1]]
-        (exp_free, exp_refs), (got_free, got_refs) = _state(reference, live), _state(student, live)
-        if got_free != exp_free:
-            raise CaseFailure(f"after {call}: {got_free} free blocks, expected {exp_free}; {_history(done)}")
-        if got_refs != exp_refs:
+        if got != right["result"]:
+            raise CaseFailure(f"{call} gave {got!r}, expected {right['result']!r}; {_history(done)}")
+        live = _live_after(live, op, got)
+        got_free, got_refs = _state(student, live)
+        if got_free != right["free"]:
+            raise CaseFailure(f"after {call}: {got_free} free blocks, expected {right['free']}; {_history(done)}")
+        if got_refs != right["refcounts"]:
             raise CaseFailure(f"after {call}: refcounts along the block tables {got_refs}, expected "
-                              f"{exp_refs}; {_history(done)}")
+                              f"{right['refcounts']}; {_history(done)}")
         done.append(f"step {step} {_call_text(op)} -> {got!r}, {got_free} free blocks, refcounts {got_refs}")
 
 
 def check_block_allocator(allocator_cls: Callable[[int, int], object], verbose: bool = True,
                           seed: int | None = None) -> CheckResult:
-    """Run the allocator scenarios (public, or the hidden ones of ``seed``) against the reference."""
-    table = SCENARIOS if seed is None else hidden_scenarios(seed)
+    """Run the allocator scenarios (public, or the hidden ones of ``seed``) against the expected steps."""
     cases = [
-        Case(rule, lambda n=n, bs=bs, ops=ops: _run_scenario(allocator_cls, n, bs, ops), points)
-        for rule, n, bs, ops, points in table
+        Case(rule, lambda n=n, bs=bs, ops=ops, e=expected: _run_scenario(allocator_cls, n, bs, ops, e), points)
+        for (rule, n, bs, ops, points), expected in _table(seed)
     ]
     return run_cases("block allocator", cases, verbose)
 
 
 def worked_example() -> str:
-    """The first scenario replayed on the reference: what a correct allocator returns, step by step."""
-    alloc = ReferenceAllocator(8, 4)
-    lines = []
-    for op in SCENARIOS[0][3]:
-        out = _apply(alloc, op)
-        lines.append(f"{_call_text(op)} -> table of {out} blocks; {alloc.num_free_blocks} of 8 blocks free")
-    return "\n".join(lines)
+    """The first public scenario: what a correct allocator returns, step by step."""
+    (_, n, _, ops, _), expected = _table(None)[0]
+    return "\n".join(f"{_call_text(op)} -> table of {right['result']} blocks; {right['free']} of {n} blocks free"
+                     for op, right in zip(ops, expected))

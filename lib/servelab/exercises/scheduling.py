@@ -9,8 +9,8 @@ Student signature::
 ``(name, tokens_needed)`` pairs, first come first served. One tick (1) moves requests from the head of
 the queue into free slots, (2) lets every running request emit one token, (3) removes the ones that
 now owe nothing. It returns the new ``running``, the new ``queue`` and the names that finished this
-tick, in running order. The checker compares single ticks with the reference (the checkers' private
-module), then drives a submission tick by tick and compares completion times with
+tick, in running order. The checker compares single ticks with their expected results (written
+here for the public cases, computed by the instructor-only reference for hidden ones), then drives a submission tick by tick and compares completion times with
 ``servelab.batching.simulate_batching(..., policy="continuous")``.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from servelab.batching import Request, simulate_batching
-from servelab.exercises._reference import reference_tick
+from servelab.exercises.expected import reference
 from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
@@ -65,7 +65,7 @@ def hidden_cases(seed: int) -> tuple[tuple, tuple]:
     """``(single ticks, simulations)`` for ``seed``: the single ticks with fresh names and 0-3 more
     tokens owed by every request that does not finish in the tick (expected values from the reference
     tick), and seeded random workloads under the simulations' titles."""
-    rng = hidden_rng(seed, "batching_tick")
+    rng, reference_tick = hidden_rng(seed, "batching_tick"), reference().reference_tick
     singles = []
     for rule, (running, queue, capacity), _ in SINGLE_TICKS:
         names = renamer(rng, [*running, *(n for n, _ in queue)])
@@ -109,7 +109,6 @@ def check_batching_tick(tick: Tick, verbose: bool = True, seed: int | None = Non
 
 
 def worked_example() -> str:
-    """The second single-tick case on the reference: a freed slot is refilled before the tick runs."""
-    running, queue, capacity = SINGLE_TICKS[1][1]
-    out = reference_tick(dict(running), list(queue), capacity)
+    """The second single-tick case: a freed slot is refilled before the tick runs."""
+    _, (running, queue, capacity), out = SINGLE_TICKS[1]
     return f"tick({running}, {queue}, capacity={capacity})\n-> {out}"

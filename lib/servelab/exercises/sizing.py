@@ -11,18 +11,19 @@ Student signatures (integers in, an integer out; bytes and token slots)::
 is given so that a grouped-query model can be sized wrongly. ``max_requests`` is how many requests a
 KV pool of ``pool_bytes`` can hold at once when each reserves whole blocks for its prompt *and* its
 whole output allowance, and the pool itself is cut into whole blocks. The reference is
-``servelab.kv.kv_bytes_per_token`` and ``servelab.kv.physical_blocks_no_sharing``.
+``servelab.kv.kv_bytes_per_token`` and ``servelab.kv.physical_blocks_no_sharing``; the public cases'
+expected values are committed data (:mod:`servelab.exercises.expected`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from servelab.exercises._reference import reference_kv_bytes_per_token, reference_max_requests
+from servelab.exercises.expected import paired, public_expected, reference
 from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
-__all__ = ["check_kv_sizing"]
+__all__ = ["check_kv_sizing", "expected_from_reference"]
 
 GIB = 2**30
 
@@ -80,12 +81,26 @@ def hidden_cases(seed: int) -> tuple[tuple, tuple]:
     return bytes_cases, capacity_cases
 
 
+def expected_from_reference(bytes_cases: tuple, capacity_cases: tuple) -> dict[str, list[int]]:
+    """The reference's answers to both tables: ``{"bytes": [...], "capacity": [...]}``."""
+    ref = reference()
+    return {"bytes": [ref.reference_kv_bytes_per_token(*args) for _, args, _ in bytes_cases],
+            "capacity": [ref.reference_max_requests(*args) for _, args, _ in capacity_cases]}
+
+
+def _tables(seed: int | None) -> tuple[list[tuple], list[tuple]]:
+    """The bytes and capacity cases of ``seed`` (public when None), each paired with its expected value."""
+    tables = (BYTES_CASES, CAPACITY_CASES) if seed is None else hidden_cases(seed)
+    values = public_expected("kv_sizing") if seed is None else expected_from_reference(*tables)
+    return paired("kv_sizing", tables[0], values["bytes"]), paired("kv_sizing", tables[1], values["capacity"])
+
+
 def _call(name: str, names: tuple[str, ...], args: tuple) -> str:
     return f"{name}({', '.join(f'{n}={v}' for n, v in zip(names, args))})"
 
 
-def _bytes_case(fn: Callable[..., int], args: tuple) -> None:
-    expected, got = reference_kv_bytes_per_token(*args), fn(*args)
+def _bytes_case(fn: Callable[..., int], args: tuple, expected: int) -> None:
+    got = fn(*args)
     if got != expected:
         n_layer, n_head, n_kv_head, d_head, width = args
         hint = ""
@@ -97,8 +112,8 @@ def _bytes_case(fn: Callable[..., int], args: tuple) -> None:
                           f"expected {expected} bytes{hint}")
 
 
-def _capacity_case(fn: Callable[..., int], args: tuple) -> None:
-    expected, got = reference_max_requests(*args), fn(*args)
+def _capacity_case(fn: Callable[..., int], args: tuple, expected: int) -> None:
+    got = fn(*args)
     if got != expected:
         pool_bytes, per_token, block, prompt, output = args
         blocks = pool_bytes // (block * per_token)
@@ -112,18 +127,17 @@ def _capacity_case(fn: Callable[..., int], args: tuple) -> None:
 def check_kv_sizing(kv_bytes_per_token: Callable[..., int], max_requests: Callable[..., int],
                     verbose: bool = True, seed: int | None = None) -> CheckResult:
     """Run the sizing cases (public, or the hidden ones of ``seed``): bytes per token, then requests per pool."""
-    bytes_table, capacity_table = (BYTES_CASES, CAPACITY_CASES) if seed is None else hidden_cases(seed)
-    cases = [Case(rule, lambda a=args: _bytes_case(kv_bytes_per_token, a), points)
-             for rule, args, points in bytes_table]
-    cases += [Case(rule, lambda a=args: _capacity_case(max_requests, a), points)
-              for rule, args, points in capacity_table]
+    bytes_table, capacity_table = _tables(seed)
+    cases = [Case(rule, lambda a=args, e=expected: _bytes_case(kv_bytes_per_token, a, e), points)
+             for (rule, args, points), expected in bytes_table]
+    cases += [Case(rule, lambda a=args, e=expected: _capacity_case(max_requests, a, e), points)
+              for (rule, args, points), expected in capacity_table]
     return run_cases("KV sizing and capacity", cases, verbose)
 
 
 def worked_example() -> str:
-    """The 8B-class model on the reference: bytes per token, then requests on a 16 GiB pool."""
-    model = BYTES_CASES[1][1]
-    per_token = reference_kv_bytes_per_token(*model)
-    pool = (16 * GIB, per_token, 16, 1000, 500)
+    """The 8B-class model (public cases): bytes per token, then requests on a 16 GiB pool."""
+    (_, model, _), per_token = _tables(None)[0][1]
+    (_, pool, _), requests = _tables(None)[1][3]
     return (f"{_call('kv_bytes_per_token', BYTES_NAMES, model)} -> {per_token} bytes ({per_token // 1024} KiB)\n"
-            f"{_call('max_requests', CAPACITY_NAMES, pool)} -> {reference_max_requests(*pool)} requests")
+            f"{_call('max_requests', CAPACITY_NAMES, pool)} -> {requests} requests")

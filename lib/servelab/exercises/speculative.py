@@ -6,7 +6,8 @@ Student signatures (probability vectors over one vocabulary in, a probability or
     def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray: ...
 
 ``p`` is the target's distribution, ``q`` the draft's, ``token`` a draft token drawn from ``q``. The
-reference is ``servelab.speculative`` (``acceptance_probability``, ``residual_distribution``).
+reference is ``servelab.speculative`` (``acceptance_probability``, ``residual_distribution``); the
+public cases' expected values are committed data (:mod:`servelab.exercises.expected`).
 
 Exactness is checked by enumeration, not by sampling: for every pair ``(p, q)`` of a case the
 checker builds the distribution of the emitted token from the student's two functions,
@@ -21,11 +22,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from servelab.exercises._reference import reference_accept, reference_residual
+from servelab.exercises.expected import paired, public_expected, reference
 from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 
-__all__ = ["check_speculative", "output_distribution_of"]
+__all__ = ["check_speculative", "expected_from_reference", "output_distribution_of"]
 
 Accept = Callable[[np.ndarray, np.ndarray, int], float]
 Residual = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -73,21 +74,47 @@ def hidden_cases(seed: int) -> tuple:
     return tuple(cases)
 
 
-def _accept_vector(accept: Accept, p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """The student's acceptance probability for every token the draft can propose (0 where q = 0)."""
+def expected_from_reference(cases: tuple) -> list[list[dict[str, list[float]]]]:
+    """For every pair of every case, the reference's ``accept`` probability of each token (0 where
+    ``q = 0``: never drafted) and its ``residual`` distribution."""
+    ref = reference()
+    values = []
+    for _, pairs, _ in cases:
+        expected = []
+        for p_list, q_list in pairs:
+            p, q = np.array(p_list), np.array(q_list)
+            accept = [ref.reference_accept(p, q, x) if q[x] > 0 else 0.0 for x in range(p.size)]
+            expected.append({"accept": accept, "residual": ref.reference_residual(p, q).tolist()})
+        values.append(expected)
+    return values
+
+
+def _table(seed: int | None) -> list[tuple]:
+    """The cases of ``seed`` (public when None), each paired with its pairs' expected values."""
+    cases = SPEC_CASES if seed is None else hidden_cases(seed)
+    values = public_expected("speculative") if seed is None else expected_from_reference(cases)
+    return paired("speculative", cases, values)
+
+
+def _accept_vector(accept: Accept, p: np.ndarray, q: np.ndarray, expected: list[float] | None = None) -> np.ndarray:
+    """The student's acceptance probability for every token the draft can propose (0 where q = 0); a
+    value that is not a probability fails, naming the right one when ``expected`` is given."""
     out = np.zeros_like(p)
     for x in np.flatnonzero(q > 0):
         value = float(accept(p.copy(), q.copy(), int(x)))
         if not 0.0 <= value <= 1.0:
+            right = f"; expected {expected[x]:.4f}" if expected is not None else ""
             raise CaseFailure(f"accept_probability(p={_r(p)}, q={_r(q)}, token={x}) returned {value:.4f}, "
-                              f"which is not a probability; expected {reference_accept(p, q, int(x)):.4f}")
+                              f"which is not a probability{right}")
         out[x] = value
     return out
 
 
-def output_distribution_of(accept: Accept, residual: Residual, p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """The exact distribution of one emitted token under a given accept/correct pair, by enumeration."""
-    a = _accept_vector(accept, p, q)
+def output_distribution_of(accept: Accept, residual: Residual, p: np.ndarray, q: np.ndarray,
+                           expected_accept: list[float] | None = None) -> np.ndarray:
+    """The exact distribution of one emitted token under a given accept/correct pair, by enumeration
+    (``expected_accept``, when given, is named if ``accept`` returns something that is not a probability)."""
+    a = _accept_vector(accept, p, q, expected_accept)
     kept = q * a
     reject = 1.0 - kept.sum()
     if reject <= 1e-12:
@@ -95,57 +122,57 @@ def output_distribution_of(accept: Accept, residual: Residual, p: np.ndarray, q:
     return kept + reject * np.asarray(residual(p.copy(), q.copy()), dtype=float)
 
 
-def _r(v: np.ndarray) -> list[float]:
+def _r(v: np.ndarray | list[float]) -> list[float]:
     return [round(float(x), 4) for x in v]
 
 
-def _exact(accept: Accept, residual: Residual, p_list: list[float], q_list: list[float]) -> None:
+def _exact(accept: Accept, residual: Residual, p_list: list[float], q_list: list[float], expected: dict) -> None:
     p, q = np.array(p_list), np.array(q_list)
-    a_ref = [round(reference_accept(p, q, int(x)), 4) for x in np.flatnonzero(q > 0)]
-    a_got = _r(_accept_vector(accept, p, q)[q > 0])
-    steps = f"\nsteps: drafted tokens {np.flatnonzero(q > 0).tolist()}, accept probabilities {a_got} (expected {a_ref})"
-    out = output_distribution_of(accept, residual, p, q)
+    drafted = np.flatnonzero(q > 0)
+    a_ref = _r(np.array(expected["accept"])[drafted])
+    a_got = _r(_accept_vector(accept, p, q, expected["accept"])[drafted])
+    steps = f"\nsteps: drafted tokens {drafted.tolist()}, accept probabilities {a_got} (expected {a_ref})"
+    out = output_distribution_of(accept, residual, p, q, expected["accept"])
     if out.shape != p.shape or not np.allclose(out, p, atol=1e-9):
-        reject = 1.0 - float((q * _accept_vector(accept, p, q)).sum())
+        reject = 1.0 - float((q * _accept_vector(accept, p, q, expected["accept"])).sum())
         if reject > 1e-12:
             r_got = _r(np.asarray(residual(p.copy(), q.copy()), dtype=float))
-            steps += (f", P(reject) = {reject:.4f}, residual {r_got} "
-                      f"(expected {_r(reference_residual(p, q))})")
+            steps += f", P(reject) = {reject:.4f}, residual {r_got} (expected {_r(expected['residual'])})"
         raise CaseFailure(f"p={_r(p)}, q={_r(q)}: the emitted token is distributed as {_r(out)}, "
                           f"expected p = {_r(p)}{steps}")
 
 
-def _accept_only(accept: Accept, p_list: list[float], q_list: list[float]) -> None:
+def _accept_only(accept: Accept, p_list: list[float], q_list: list[float], expected: dict) -> None:
     """The first rule on its own: every drafted token's acceptance probability, before any enumeration."""
     p, q = np.array(p_list), np.array(q_list)
-    got = _r(_accept_vector(accept, p, q))
-    expected = _r(np.array([reference_accept(p, q, x) if q[x] > 0 else 0.0 for x in range(p.size)]))
-    if got != expected:
+    got, right = _r(_accept_vector(accept, p, q, expected["accept"])), _r(expected["accept"])
+    if got != right:
         raise CaseFailure(f"p={_r(p)}, q={_r(q)}: accept probabilities for tokens 0..{p.size - 1} {got}, "
-                          f"expected {expected}")
+                          f"expected {right}")
 
 
-def _case(accept: Accept, residual: Residual, pairs: list, accept_only: bool) -> None:
-    for p, q in pairs:
-        _accept_only(accept, p, q) if accept_only else _exact(accept, residual, p, q)
+def _case(accept: Accept, residual: Residual, pairs: list, expected: list[dict], accept_only: bool) -> None:
+    for (p, q), right in zip(pairs, expected, strict=True):
+        _accept_only(accept, p, q, right) if accept_only else _exact(accept, residual, p, q, right)
 
 
 def check_speculative(accept_probability: Accept, residual: Residual, verbose: bool = True,
                       seed: int | None = None) -> CheckResult:
     """Run the accept/correct cases (public, or the hidden ones of ``seed``): the accept rule alone, then
     exactness by enumeration."""
-    table = SPEC_CASES if seed is None else hidden_cases(seed)
-    cases = [Case(rule, lambda pairs=pairs, first=i == 0: _case(accept_probability, residual, pairs, first), points)
-             for i, (rule, pairs, points) in enumerate(table)]
+    cases = [Case(rule, lambda pairs=pairs, e=expected, first=i == 0:
+                  _case(accept_probability, residual, pairs, e, first), points)
+             for i, ((rule, pairs, points), expected) in enumerate(_table(seed))]
     return run_cases("speculative accept/correct", cases, verbose)
 
 
 def worked_example() -> str:
-    """The first case on the reference: the accept probabilities, the residual and the output."""
-    p, q = (np.array(v) for v in SPEC_CASES[0][1][0])
-    accept = [round(reference_accept(p, q, x), 4) for x in range(p.size)]
-    out = output_distribution_of(reference_accept, reference_residual, p, q)
+    """The first public case: the accept probabilities, the residual and the output a correct pair gives."""
+    (_, ((p_list, q_list), *_), _), (expected, *_) = _table(None)[0]
+    p, q = np.array(p_list), np.array(q_list)
+    out = output_distribution_of(lambda p, q, token: expected["accept"][token],
+                                 lambda p, q: np.array(expected["residual"]), p, q)
     return (f"p = {_r(p)}, q = {_r(q)}\n"
-            f"accept_probability for tokens 0, 1, 2 -> {accept}\n"
-            f"residual(p, q) -> {_r(reference_residual(p, q))}\n"
+            f"accept_probability for tokens 0, 1, 2 -> {_r(expected['accept'])}\n"
+            f"residual(p, q) -> {_r(expected['residual'])}\n"
             f"output distribution (enumerated) -> {_r(out)}")

@@ -1,8 +1,9 @@
-"""The checkers' private reference solutions (not exported from :mod:`servelab.exercises`).
+"""The exercises' reference solutions: instructor-only, never in the ``servelab`` wheel.
 
-Each one implements an exercise's student interface with the library's own mechanism, so a checker
-compares a submission with what the course's code does. Importing them from a notebook is not an
-answer the instructor accepts; they live here for the checkers and the tests only.
+Each one implements an exercise's student interface with the library's own mechanism. The batch
+grader computes its hidden cases' expected values with them (:mod:`servelab.exercises.expected`), and
+:mod:`servelab_instructor.public_expected` writes the public cases' expected values into the student
+package. A student's install does not contain this module; the grader refuses its import in graded code.
 
 * :class:`ReferenceAllocator` -- the allocator interface on ``servelab.kv.BlockAllocator``.
 * :func:`reference_tick` -- one continuous-batching tick (``servelab.batching``'s continuous policy).
