@@ -130,3 +130,17 @@ def test_hub_ids_need_allow_download(monkeypatch, tmp_path):
         resolve_checkpoint("not-an-id", allow_download=True)
     with pytest.raises(TypeError, match="allow_download"):
         resolve_checkpoint("x/y", allow_download="yes")
+
+
+def test_colab_model_shapes_give_their_published_sizes():
+    """The model card sizes Qwen2.5-0.5B-Instruct and Llama-3.2-1B-Instruct on a T4 from these shapes:
+    they must give the parameter counts the model cards publish (0.49 B and 1.24 B, tied embeddings)."""
+    from servelab.model import LlamaForCausalLM, llama_config_from_hf
+    from servelab.model.pretrained import COLAB_MODEL_CONFIGS
+
+    sizes = {}
+    for hub_id, hf_config in COLAB_MODEL_CONFIGS.items():
+        with torch.device("meta"):
+            sizes[hub_id] = sum(p.numel() for p in LlamaForCausalLM(llama_config_from_hf(hf_config)).parameters())
+    assert round(sizes["Qwen/Qwen2.5-0.5B-Instruct"] / 1e9, 2) == 0.49
+    assert round(sizes["meta-llama/Llama-3.2-1B-Instruct"] / 1e9, 2) == 1.24

@@ -29,7 +29,7 @@ from servelab.model.gguf_file import SMOLLM2_135M, convert_gguf, smollm2_gguf_pa
 from servelab.model.llama import LlamaForCausalLM
 from servelab.model.tokenizer import load_tokenizer
 
-__all__ = ["HUB_FILES", "SMOLLM2_135M_CONFIG", "Pretrained", "load_pretrained", "resolve_checkpoint"]
+__all__ = ["COLAB_MODEL_CONFIGS", "HUB_FILES", "SMOLLM2_135M_CONFIG", "Pretrained", "load_pretrained", "resolve_checkpoint"]
 
 HUB_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
              "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
@@ -47,6 +47,27 @@ SMOLLM2_135M_CONFIG = {
 """The shape of ``HuggingFaceTB/SmolLM2-135M-Instruct`` (its ``config.json``): 30 layers, width 576, 9 query
 heads sharing 3 KV heads of 64 dims, tied embeddings; about 135 M parameters. For random-weight stand-ins
 of the real model in tests and benchmarks, where nothing may be downloaded."""
+
+
+COLAB_MODEL_CONFIGS = {
+    "Qwen/Qwen2.5-0.5B-Instruct": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu", "vocab_size": 151936,
+        "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "sliding_window": 32768, "use_sliding_window": False, "tie_word_embeddings": True,
+        "bos_token_id": 151643, "eos_token_id": 151645},
+    "meta-llama/Llama-3.2-1B-Instruct": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "attention_bias": False, "mlp_bias": False, "vocab_size": 128256, "hidden_size": 2048,
+        "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]},
+}
+"""The shapes (``config.json``) of the two real models the model card serves on Colab: Qwen2.5-0.5B-Instruct
+(open, no login) and Llama-3.2-1B-Instruct (gated: accept its licence on the Hub and log in). The card
+sizes their memory on a T4 from these, with nothing downloaded."""
 
 
 class Pretrained(NamedTuple):
