@@ -22,7 +22,7 @@ from servelab.adapters import (
 from servelab.cluster import Accelerator
 from servelab.kv import kv_bytes_per_token
 from servelab import capacity
-from servelab.metrics import ModelShape, decode_cost, prefill_cost
+from servelab.roofline import ModelShape, decode_cost, prefill_cost
 from servelab.viz import cluster as viz
 
 LLAMA8B = ModelShape(8_000_000_000, 32, 4096, 8, 128, 2)

@@ -22,7 +22,7 @@ from servelab.cluster import (
     pipeline_schedule,
     pp_bubble_fraction,
 )
-from servelab.metrics import ModelShape
+from servelab.roofline import ModelShape
 from servelab.routing import RoutingResult
 
 __all__ = [
