@@ -12,7 +12,7 @@ from servelab.batching import Request
 from servelab.checks import EngineState, engine_tick, run_all
 from servelab.kv import BlockAllocator
 from servelab.lifecycle import RequestState, SlotPool
-from servelab.metrics import ModelShape, decode_cost
+from servelab.roofline import ModelShape, decode_cost
 
 
 def test_run_all_passes_every_check():

@@ -1,4 +1,4 @@
-"""Tests of servelab.cluster (calculators, disaggregation, multi-LoRA cache) and servelab.viz.cluster."""
+"""Tests of servelab.cluster (calculators, disaggregation), servelab.adapters (multi-LoRA cache) and servelab.viz.cluster."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from servelab import cluster
-from servelab.cluster import (
-    Accelerator,
+from servelab import adapters, cluster
+from servelab.adapters import (
     AdapterKey,
     AdapterRegistry,
     AdapterRequest,
@@ -20,9 +19,10 @@ from servelab.cluster import (
     LoadCosts,
     NoEvictableAdapter,
 )
+from servelab.cluster import Accelerator
 from servelab.kv import kv_bytes_per_token
 from servelab import capacity
-from servelab.metrics import ModelShape, decode_cost, prefill_cost
+from servelab.roofline import ModelShape, decode_cost, prefill_cost
 from servelab.viz import cluster as viz
 
 LLAMA8B = ModelShape(8_000_000_000, 32, 4096, 8, 128, 2)
@@ -312,8 +312,8 @@ def _busy_intervals(result):
 
 def test_simulation_never_evicts_in_flight_adapter():
     names = [f"a{i}" for i in range(8)]
-    load = cluster.adapter_workload(300, names, mean_gap_ms=10, service_ms=200, skew=0.8, cancel_share=0.2, seed=3)
-    result = cluster.simulate_adapter_serving(load, _registry(8), "base", 3, 4 * 64 * MIB, 8, COSTS)
+    load = adapters.adapter_workload(300, names, mean_gap_ms=10, service_ms=200, skew=0.8, cancel_share=0.2, seed=3)
+    result = adapters.simulate_adapter_serving(load, _registry(8), "base", 3, 4 * 64 * MIB, 8, COSTS)
     assert result.evictions
     # replay: at every eviction, no admitted request bound to the victim may still be in flight
     evict_times = []
@@ -330,9 +330,9 @@ def test_simulation_never_evicts_in_flight_adapter():
 
 def test_simulation_counts_and_capacity():
     names = [f"a{i}" for i in range(6)]
-    load = cluster.adapter_workload(200, names, mean_gap_ms=15, service_ms=100, skew=1.0, seed=0)
-    small = cluster.simulate_adapter_serving(load, _registry(6), "base", 2, 0, 4, COSTS)
-    big = cluster.simulate_adapter_serving(load, _registry(6), "base", 6, 0, 4, COSTS)
+    load = adapters.adapter_workload(200, names, mean_gap_ms=15, service_ms=100, skew=1.0, seed=0)
+    small = adapters.simulate_adapter_serving(load, _registry(6), "base", 2, 0, 4, COSTS)
+    big = adapters.simulate_adapter_serving(load, _registry(6), "base", 6, 0, 4, COSTS)
     assert big.cold_loads == 6 and big.gpu_hit_rate > small.gpu_hit_rate
     assert small.storage_fetches == small.cold_loads  # a zero-byte host cache never hits
     assert all(r.status == "finished" for r in big.records)
@@ -344,7 +344,7 @@ def test_requests_bind_to_the_version_current_at_admission():
     reg = _registry(1)
     reg.publish("a0", 2, "base", 64 * MIB, published_ms=50)
     load = [AdapterRequest("early", 0, "a0", 500), AdapterRequest("late", 60, "a0", 10)]
-    result = cluster.simulate_adapter_serving(load, reg, "base", 2, 0, 4, COSTS)
+    result = adapters.simulate_adapter_serving(load, reg, "base", 2, 0, 4, COSTS)
     early, late = result.records
     assert (early.key.version, late.key.version) == (1, 2)
     assert early.end_ms > late.end_ms  # v1 stayed bound (and resident) while v2 served
@@ -356,7 +356,7 @@ def test_cancel_releases_and_failures_touch_nothing():
     reg.publish("evil", 1, "base", 10, digest="f" * 64)
     load = [AdapterRequest("c", 0, "a0", 1000, cancel_after_ms=200), AdapterRequest("x", 1, "evil", 5),
             AdapterRequest("late", 300, "a0", 5)]
-    result = cluster.simulate_adapter_serving(load, reg, "base", 1, 0, 1, COSTS)
+    result = adapters.simulate_adapter_serving(load, reg, "base", 1, 0, 1, COSTS)
     cancelled, failed, late = result.records
     assert cancelled.status == "cancelled" and cancelled.end_ms == 200
     assert cancelled.steps[-1] == ("6 release", "cancelled: reference dropped")
@@ -368,7 +368,7 @@ def test_cancel_releases_and_failures_touch_nothing():
 def test_waiting_head_times_out_when_no_slot_frees():
     load = [AdapterRequest("hold", 0, "a0", 1000), AdapterRequest("blocked", 1, "a1", 5, deadline_ms=100),
             AdapterRequest("after", 1200, "a1", 5)]
-    result = cluster.simulate_adapter_serving(load, _registry(2), "base", 1, 0, 4, COSTS)
+    result = adapters.simulate_adapter_serving(load, _registry(2), "base", 1, 0, 4, COSTS)
     assert [r.status for r in result.records] == ["finished", "timed_out", "finished"]
     assert result.records[1].end_ms == 101
 
@@ -396,8 +396,8 @@ def test_waiting_head_times_out_when_no_slot_frees():
     (lambda: GpuAdapterCache(0), "capacity"),
     (lambda: LoadCosts(0, 1, 1), "storage_bytes_per_ms"),
     (lambda: AdapterRequest("r", 0, "a", 0), "service_ms"),
-    (lambda: cluster.adapter_workload(5, ["a"], mean_gap_ms=1, service_ms=1, skew=0, cancel_share=2), "cancel_share"),
-    (lambda: cluster.simulate_adapter_serving([AdapterRequest("r", 0, "a", 1)], AdapterRegistry(), "b", 1, 0, 0,
+    (lambda: adapters.adapter_workload(5, ["a"], mean_gap_ms=1, service_ms=1, skew=0, cancel_share=2), "cancel_share"),
+    (lambda: adapters.simulate_adapter_serving([AdapterRequest("r", 0, "a", 1)], AdapterRegistry(), "b", 1, 0, 0,
                                               COSTS), "max_running"),
 ])
 def test_bad_inputs_name_the_parameter(call, name):
@@ -411,7 +411,7 @@ def test_bad_types_rejected():
     with pytest.raises(TypeError, match="tp"):
         cluster.tp_decode_step(LLAMA8B, 2.0, H100, 1e9, 0)
     with pytest.raises(ValueError, match="unique"):
-        cluster.simulate_adapter_serving([AdapterRequest("r", 0, "a", 1)] * 2, AdapterRegistry(), "b", 1, 0, 1, COSTS)
+        adapters.simulate_adapter_serving([AdapterRequest("r", 0, "a", 1)] * 2, AdapterRegistry(), "b", 1, 0, 1, COSTS)
 
 
 # --------------------------------------------------------------------------------------------- figures

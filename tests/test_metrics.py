@@ -5,21 +5,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servelab.metrics import (
-    ModelShape,
     RequestTiming,
-    attainable_flops,
-    decode_cost,
     e2e_identity_holds,
     goodput,
     itl,
     percentile,
-    prefill_cost,
-    ridge_point,
     slo_attainment,
     throughputs,
     tpot,
     ttft,
 )
+from servelab.roofline import ModelShape, attainable_flops, decode_cost, prefill_cost, ridge_point
 
 EMITS = [0.5, 0.6, 0.8, 0.9]
 

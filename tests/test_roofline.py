@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from servelab.metrics import ModelShape, decode_cost
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM
-from servelab.roofline import (Roofline, StepFloor, count_ops, decode_floor, measure_matmul_flops,
-                               measure_op_overhead, measure_read_bandwidth, measure_roofline, median_seconds,
-                               model_shape)
+from servelab.roofline import ModelShape, decode_cost
+from servelab.roofline.measured import (Roofline, StepFloor, count_ops, decode_floor, measure_matmul_flops,
+                                        measure_op_overhead, measure_read_bandwidth, measure_roofline,
+                                        median_seconds, model_shape)
 
 ROOF = Roofline(read_bandwidth=20e9, peak_flops={"float32": 1e12, "bfloat16": 2e12}, op_overhead_s=2e-6, threads=2)
 

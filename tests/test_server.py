@@ -951,7 +951,7 @@ def test_demo_functions_show_the_wire_the_client_and_two_boundaries(real_model):
 def test_chat_uses_the_checkpoints_own_template_when_it_has_one():
     from servelab.chat_template import ChatTemplate
     from servelab.server.protocol import chat_prompt, parse_request
-    from servelab.server.app import ServerConfig
+    from servelab.server.config import ServerConfig
 
     template = ChatTemplate("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
                             "{% if add_generation_prompt %}<|assistant|>{% endif %}")

@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 import pytest
 
 from servelab import metrics as m
+from servelab import roofline
 from servelab import sampling as smp
 from servelab.viz import metrics as vm
 from servelab.viz import sampling as vs
@@ -15,7 +16,7 @@ from servelab.viz.core import LiveControls
 LOGITS = [4.0, 3.0, 2.0, 1.0]
 LABELS = ["cat", "dog", "bird", "car"]
 A100 = ("A100-class", 312e12, 1.55e12)
-BIG = m.ModelShape(70_000_000_000, 80, 8192, 8, 128, 2)
+BIG = roofline.ModelShape(70_000_000_000, 80, 8192, 8, 128, 2)
 
 
 def timing() -> m.RequestTiming:

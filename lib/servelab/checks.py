@@ -35,7 +35,7 @@ from servelab.kv import (
 )
 from servelab.ledger import Usage
 from servelab.lifecycle import Ledger, RequestLifecycle, RequestState, SlotPool, reclaim
-from servelab.metrics import ModelShape, decode_cost, prefill_cost, ridge_point
+from servelab.roofline import ModelShape, decode_cost, prefill_cost, ridge_point
 from servelab.sampling import (
     apply_frequency_presence,
     apply_hard_mask,

@@ -29,7 +29,7 @@ from servelab.engine.engine import LLMEngine
 from servelab.engine.reservation import RESERVATION_POLICIES
 from servelab.metrics import percentile
 from servelab.model.llama import LlamaForCausalLM
-from servelab.sampling import SamplingParams
+from servelab.sampling.params import SamplingParams
 
 
 def compare_reservation_policies(model: LlamaForCausalLM, tokenizer, prompts: Sequence[str | list[int]],

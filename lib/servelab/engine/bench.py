@@ -54,7 +54,7 @@ from servelab.engine.engine import LLMEngine
 from servelab.engine.reference import reference_generate
 from servelab.model import load_checkpoint, load_tokenizer, save_checkpoint
 from servelab.model.llama import LlamaForCausalLM
-from servelab.sampling import SamplingParams
+from servelab.sampling.params import SamplingParams
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_OUT = DATA_DIR / "engine_bench_cpu.json"

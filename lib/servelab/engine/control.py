@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from servelab.engine.outputs import RequestOutput
-from servelab.sampling import SamplingParams
+from servelab.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from servelab.engine.engine import LLMEngine

@@ -62,7 +62,7 @@ from servelab.kv import BlockAllocator
 from servelab.ledger import Ledger, TerminalRecord, Usage
 from servelab.lifecycle import RequestState, SlotPool
 from servelab.model.llama import LlamaForCausalLM
-from servelab.sampling import SamplingParams
+from servelab.sampling.params import SamplingParams
 
 __all__ = ["FINISH_REASONS", "EngineStats", "LLMEngine", "RequestOutput", "SampleOutput", "Usage"]
 

@@ -25,7 +25,7 @@ from servelab.engine.engine import LLMEngine
 from servelab.model import load_tokenizer
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
-from servelab.roofline import count_ops, decode_floor, measure_roofline
+from servelab.roofline.measured import count_ops, decode_floor, measure_roofline
 
 __all__ = ["bench_floor", "format_floor", "run_smollm2", "smollm2_random"]
 

@@ -18,7 +18,7 @@ import torch
 
 from servelab.engine.sequence import IncrementalDetokenizer, Sequence, SequenceTimes, SeqStatus
 from servelab.lifecycle import RequestState
-from servelab.sampling import SamplingParams
+from servelab.sampling.params import SamplingParams
 from servelab.streaming import StopStringBuffer
 
 FINISH_REASONS = ("stop", "length", "eos", "cancelled", "timed_out", "failed")

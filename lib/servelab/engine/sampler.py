@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.sampling import MASS_TOLERANCE, SamplingParams
+from servelab.sampling.params import SamplingParams
+from servelab.sampling.reference import MASS_TOLERANCE
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.sampling import SamplingParams
+from servelab.sampling.params import SamplingParams
 from servelab.streaming import StopStringBuffer
 
 if TYPE_CHECKING:

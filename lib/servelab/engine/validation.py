@@ -17,7 +17,7 @@ from servelab._validate import require_int, require_real, require_type
 from servelab.engine.config import EngineConfig
 from servelab.engine.reservation import ReservationPolicy
 from servelab.model.llama import LlamaForCausalLM
-from servelab.sampling import SamplingParams
+from servelab.sampling.params import SamplingParams
 
 
 def check_components(model: LlamaForCausalLM, tokenizer, config: EngineConfig) -> EngineConfig:

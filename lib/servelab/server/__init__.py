@@ -2,18 +2,20 @@
 
 Layers, outermost first: the ingress gate (:mod:`~servelab.server.gate`: body size, tenant, rate,
 quota -- before tokenization), the HTTP application (:mod:`~servelab.server.app`: routes, handlers,
-error middleware) with the request side of the protocol (:mod:`~servelab.server.protocol`: bounded
-JSON, validation, the chat template) and its response side (:mod:`~servelab.server.responses`: choices,
-usage, server-sent events, OpenAI-shaped errors), and the bridge (:mod:`~servelab.server.bridge`: the
-bounded queue, the one thread that owns the engine, cancellation and backpressure). What happens inside
+error middleware; its knobs in :mod:`~servelab.server.config`) with the request side of the protocol
+(:mod:`~servelab.server.protocol`: bounded JSON, validation, the chat template) and its response side
+(:mod:`~servelab.server.responses`: choices, usage, server-sent events, OpenAI-shaped errors), and the
+bridge (:mod:`~servelab.server.bridge`: the bounded queue, the one thread that owns the engine,
+cancellation and backpressure). What happens inside
 is exported at ``GET /metrics`` (:mod:`~servelab.server.metrics`, Prometheus, vLLM's metric names);
 :mod:`~servelab.server.demo` holds what §1 and §2 show of it. Start it with
 ``python -m servelab.server [--host 127.0.0.1] [--port 8000]``; in tests and notebooks use
 :class:`BackgroundServer`.
 """
 
-from servelab.server.app import DEFAULT_MODEL_NAME, BackgroundServer, ServerConfig, create_app, render_chat
+from servelab.server.app import BackgroundServer, create_app, render_chat
 from servelab.server.bridge import EngineBridge, Overloaded, RequestStream
+from servelab.server.config import DEFAULT_MODEL_NAME, ServerConfig
 from servelab.server.gate import ANONYMOUS, ERROR_TYPES, IngressGate, Rejection, TenantLimits, TokenBucket
 from servelab.server.metrics import ServerMetrics
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from servelab.server.app import DEFAULT_MODEL_NAME, ServerConfig, create_app
+from servelab.server.app import create_app
+from servelab.server.config import DEFAULT_MODEL_NAME, ServerConfig
 from servelab.server.gate import TenantLimits
 
 

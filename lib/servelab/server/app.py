@@ -48,11 +48,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -61,57 +60,18 @@ from servelab.engine import LLMEngine
 from servelab.grammar import SharedCompiler
 from servelab.sampling import SamplingParams
 from servelab.server.bridge import EngineBridge, EngineFailure, Overloaded, RequestStream
-from servelab.server.gate import IngressGate, Rejection, TenantLimits
+from servelab.server.config import ServerConfig
+from servelab.server.gate import IngressGate, Rejection
 from servelab.server.logprobs import LogprobFormatter
 from servelab.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from servelab.server.protocol import ParsedRequest, bad, parse_json, parse_request, render_chat
 from servelab.server.responses import Exchange, error_response, rejection_for, sse
 from servelab.server.utility import add_utility_routes
 
-__all__ = ["ServerConfig", "create_app", "render_chat", "BackgroundServer", "DEFAULT_MODEL_NAME"]
+__all__ = ["create_app", "render_chat", "BackgroundServer"]
 
-DEFAULT_MODEL_NAME = "servelab-shakespeare"
 _log = logging.getLogger(__name__)
 METRICS_TIMEOUT_S = 5.0  # how long a scrape waits for the engine thread to finish its step
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Server knobs (the engine's own knobs live in :class:`servelab.engine.EngineConfig`).
-
-    ``api_keys`` maps key -> tenant (None: open server, one anonymous tenant); ``tenant_limits`` /
-    ``per_tenant_limits`` set rate and quota; ``max_body_bytes`` caps a request body;
-    ``max_waiting`` bounds the queue of unscheduled requests and ``queue_timeout_s`` how long one may
-    wait there; ``request_timeout_s`` is the default and the largest ``deadline_s``;
-    ``stream_buffer_chunks`` bounds undelivered chunks per request: a full buffer pauses the request
-    (backpressure) until the reader drains it, and ``backpressure_timeout_s`` later it is cancelled;
-    ``max_n`` caps ``n``; ``default_max_tokens`` applies to a completions request that sets none (a chat
-    request without one may use the rest of the context, as vLLM's).
-    """
-
-    model_name: str = DEFAULT_MODEL_NAME
-    api_keys: Mapping[str, str] | None = None
-    tenant_limits: TenantLimits = TenantLimits()
-    per_tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
-    max_body_bytes: int = 64 * 1024
-    max_waiting: int = 64
-    queue_timeout_s: float = 10.0
-    request_timeout_s: float = 120.0
-    stream_buffer_chunks: int = 64
-    backpressure_timeout_s: float = 30.0
-    max_n: int = 8
-    default_max_tokens: int = 16
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.model_name, str) or not self.model_name:
-            raise ValueError("model_name must be a non-empty string")
-        for name in ("max_n", "default_max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if (isinstance(self.request_timeout_s, bool) or not isinstance(self.request_timeout_s, (int, float))
-                or not 0 < self.request_timeout_s < math.inf):
-            raise ValueError(f"request_timeout_s must be a finite number > 0, got {self.request_timeout_s!r}")
 
 
 # ---------------------------------------------------------------------------------------- answers

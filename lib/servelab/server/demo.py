@@ -29,7 +29,8 @@ from servelab.engine import LLMEngine
 from servelab.loadgen import (Endpoint, LengthDistribution, build_workload, histogram_delta, latency_ms,
                               metrics_url, poisson_arrivals, run_open_loop, run_with_metrics)
 from servelab.metrics import percentile
-from servelab.server.app import BackgroundServer, ServerConfig
+from servelab.server.app import BackgroundServer
+from servelab.server.config import ServerConfig
 
 __all__ = ["course_server", "raw_exchange", "stream_text", "openai_stream", "ttft_at_two_boundaries"]
 

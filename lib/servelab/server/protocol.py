@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 
 from servelab.grammar import GrammarSpec
 from servelab.sampling import SamplingParams
+from servelab.server.config import ServerConfig
 from servelab.server.gate import Rejection
 
 if TYPE_CHECKING:
     from servelab.chat_template import ChatTemplate
-    from servelab.server.app import ServerConfig
 
 __all__ = ["ParsedRequest", "parse_json", "json_depth", "parse_request", "render_chat", "chat_prompt", "MAX_JSON_DEPTH"]
 

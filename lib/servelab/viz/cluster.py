@@ -1,8 +1,9 @@
 """Figures of the cluster chapter (§6): routing under load, TP, PP, EP, disaggregation, multi-LoRA.
 
-Every builder draws numbers computed by :mod:`servelab.cluster` or :mod:`servelab.routing` and returns a
-``plotly.graph_objects.Figure`` (pass it to ``servelab.viz.show``). Builders meant for sliders take one
-state and keep the same traces for every state, as :func:`servelab.viz.core.slider_figure` requires.
+Every builder draws numbers computed by :mod:`servelab.cluster`, :mod:`servelab.adapters` or
+:mod:`servelab.routing` and returns a ``plotly.graph_objects.Figure`` (pass it to ``servelab.viz.show``).
+Builders meant for sliders take one state and keep the same traces for every state, as
+:func:`servelab.viz.core.slider_figure` requires.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from servelab import prose
+from servelab.adapters import AdapterSimResult
 from servelab.cluster import (
     Accelerator,
-    AdapterSimResult,
     TPStep,
     disaggregation_estimate,
     pipeline_schedule,
     pp_bubble_fraction,
 )
-from servelab.metrics import ModelShape
+from servelab.roofline import ModelShape
 from servelab.routing import RoutingResult
 
 __all__ = [

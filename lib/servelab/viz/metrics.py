@@ -1,7 +1,8 @@
 """Figures for the metrics chapter: one request's timeline, a load sweep, the roofline, tail latency.
 
 Every value drawn comes from :mod:`servelab.metrics` (TTFT, ITL, TPOT, throughput, SLO attainment,
-goodput, percentiles, ridge points, prefill/decode costs); this module only arranges it. All builders
+goodput, percentiles) or :mod:`servelab.roofline` (ridge points, prefill/decode costs); this module
+only arranges it. All builders
 return a ``plotly.graph_objects.Figure``; pass it to ``servelab.viz.core.show``.
 """
 
@@ -14,6 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from servelab import metrics as m
+from servelab import roofline
 from servelab.viz.core import slider_figure
 
 __all__ = [
@@ -160,11 +162,11 @@ def _check_devices(devices: Mapping[str, tuple[float, float]]) -> dict[str, floa
     """Ridge point of every ``name -> (peak FLOP/s, bytes/s)``; rejects an empty mapping."""
     if not devices:
         raise ValueError("devices must name at least one (peak FLOP/s, bytes/s) pair")
-    return {name: m.ridge_point(*spec) for name, spec in devices.items()}
+    return {name: roofline.ridge_point(*spec) for name, spec in devices.items()}
 
 
 def _ceiling_trace(name: str, peak: float, bandwidth: float, grid: np.ndarray) -> go.Scatter:
-    flops = [m.attainable_flops(float(i), peak, bandwidth) for i in grid]
+    flops = [roofline.attainable_flops(float(i), peak, bandwidth) for i in grid]
     return go.Scatter(x=grid, y=flops, mode="lines", name=f"{name} roof",
                       hovertemplate="I = %{x:.3g} FLOP/B → %{y:.3g} FLOP/s<extra></extra>")
 
@@ -213,22 +215,22 @@ def roofline_figure(devices: Mapping[str, tuple[float, float]],
     floor = min(float(grid[0]) * b for _, b in devices.values())
     fig.add_traces(_ridge_traces(ridges, (floor, max(p for p, _ in devices.values()))))
     for name, intensity in kernels.items():
-        fig.add_trace(_point_trace(name, intensity, m.attainable_flops(intensity, peak, bandwidth)))
+        fig.add_trace(_point_trace(name, intensity, roofline.attainable_flops(intensity, peak, bandwidth)))
     return _roofline_layout(fig)
 
 
-Workloads = Mapping[str, tuple[m.ModelShape, int, int]]
+Workloads = Mapping[str, tuple[roofline.ModelShape, int, int]]
 """Model name -> ``(shape, prompt tokens, cached context tokens per decode step)``."""
 
 
-def _phase_costs(workloads: Workloads, batch: int) -> dict[str, m.PhaseCost]:
+def _phase_costs(workloads: Workloads, batch: int) -> dict[str, roofline.PhaseCost]:
     """``"<model> prefill"`` and ``"<model> decode"`` costs of every workload at one batch size."""
     if not workloads:
         raise ValueError("workloads must name at least one (ModelShape, prompt_len, context_len)")
     costs = {}
     for name, (shape, prompt_len, context_len) in workloads.items():
-        costs[f"{name} prefill"] = m.prefill_cost(shape, prompt_len, batch)
-        costs[f"{name} decode"] = m.decode_cost(shape, context_len, batch)
+        costs[f"{name} prefill"] = roofline.prefill_cost(shape, prompt_len, batch)
+        costs[f"{name} decode"] = roofline.decode_cost(shape, context_len, batch)
     return costs
 
 
@@ -237,8 +239,8 @@ def roofline_phase_figure(device: tuple[str, float, float], workloads: Workloads
     """One device's roof with every workload's prefill (square) and decode (circle) point at ``batch``.
 
     ``device`` is ``(name, peak FLOP/s, bytes/s)``; ``workloads`` maps a model name to
-    ``(ModelShape, prompt_len, context_len)``. Costs come from :func:`servelab.metrics.prefill_cost`
-    and :func:`~servelab.metrics.decode_cost`. ``intensity_range`` fixes the x axis (FLOP/byte), so
+    ``(ModelShape, prompt_len, context_len)``. Costs come from :func:`servelab.roofline.prefill_cost`
+    and :func:`~servelab.roofline.decode_cost`. ``intensity_range`` fixes the x axis (FLOP/byte), so
     the frames of a slider share one axis.
     """
     name, peak, bandwidth = device
@@ -251,7 +253,7 @@ def roofline_phase_figure(device: tuple[str, float, float], workloads: Workloads
     y_span = (low * bandwidth / 2, peak * 2)
     fig.add_traces(_ridge_traces(ridges, y_span))
     for label, cost in costs.items():
-        fig.add_trace(_point_trace(label, cost.intensity, m.attainable_flops(cost.intensity, peak, bandwidth),
+        fig.add_trace(_point_trace(label, cost.intensity, roofline.attainable_flops(cost.intensity, peak, bandwidth),
                                    f"{label}, batch {batch}: I = %{{x:.3g}} FLOP/B<extra></extra>"))
     fig.update_layout(title=f"batch size {batch}", xaxis_range=[np.log10(low), np.log10(high)],
                       yaxis_range=[np.log10(y_span[0]), np.log10(y_span[1])])
@@ -267,7 +269,7 @@ def roofline_batch_slider_figure(device: tuple[str, float, float], workloads: Wo
     if len(batches) < 2 or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
         raise ValueError("batches must hold at least two ints >= 1")
     _, peak, bandwidth = device
-    ridge = m.ridge_point(peak, bandwidth)
+    ridge = roofline.ridge_point(peak, bandwidth)
     intensities = [c.intensity for b in batches for c in _phase_costs(workloads, b).values()]
     span = (min([*intensities, ridge]) / 4, max([*intensities, ridge]) * 4)
     return slider_figure(

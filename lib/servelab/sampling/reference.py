@@ -1,10 +1,10 @@
-"""From one vector of next-token logits to one token id (course chapter on sampling).
+"""The numpy reference operations: from one vector of next-token logits to one token id.
 
 System boundary: everything here works on a single request at a single decode step. The input is the
 logit vector the model produced for the last position (one float per vocabulary entry, natural-log
 units, unnormalised); the output is either a probability vector or one token id. Batching, devices and
-KV memory live elsewhere; the engine's batched torch sampler mirrors the stage functions below one to
-one, so a test can compare the two.
+KV memory live elsewhere; the engine's batched torch sampler mirrors these operations (staged in
+:mod:`servelab.sampling.pipeline`) one to one, so a test can compare the two.
 
 Conventions used throughout:
 
@@ -26,38 +26,28 @@ The pipeline order this course teaches (one defensible order, not a standard eve
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from servelab._validate import require_index, require_interval
+from servelab.sampling.params import is_int
 
 __all__ = [
-    "FILTER_NAMES",
     "MASS_TOLERANCE",
     "PROB_SUM_TOLERANCE",
-    "BeamHypothesis",
-    "SamplingParams",
     "apply_frequency_presence",
-    "apply_hard_constraints",
     "apply_hard_mask",
     "apply_logit_bias",
-    "apply_penalties",
     "apply_repetition_penalty",
     "apply_temperature",
-    "apply_truncation_filters",
     "ban_sequences",
-    "beam_search",
-    "best_of_n_kv_tokens",
     "force_token",
     "greedy",
     "min_p_filter",
     "min_p_support_from_logits",
-    "next_token_distribution",
     "no_repeat_ngram_mask",
     "sample",
-    "sample_next_token",
     "softmax",
     "support",
     "temperature_probs",
@@ -78,21 +68,12 @@ and pull one more token into the kept set."""
 PROB_SUM_TOLERANCE = 1e-6
 """How far from 1 the sum of a probability vector handed to a filter may drift before it is rejected."""
 
-MAX_LOGPROBS = 20  # most alternatives a request may ask for per token (OpenAI chat's top_logprobs limit)
-
-FILTER_NAMES = ("top_k", "top_p", "min_p", "typical")
-"""The truncation filters :class:`SamplingParams.filter_order` may list, in the default order."""
-
 FloatVector = Sequence[float] | np.ndarray
 
 
 # --------------------------------------------------------------------------------------------------
 # Argument checks shared by every public function
 # --------------------------------------------------------------------------------------------------
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def _check_logits(logits: FloatVector, name: str = "logits") -> np.ndarray:
@@ -134,7 +115,7 @@ def _check_token_ids(ids: Iterable[int], vocab_size: int, name: str) -> list[int
         raise TypeError(f"{name} must be an iterable of token ids")
     checked = []
     for token in ids:
-        if not _is_int(token):
+        if not is_int(token):
             raise TypeError(f"{name} must contain int token ids, got {type(token).__name__}")
         if not 0 <= token < vocab_size:
             raise ValueError(f"{name} token id {token} is outside [0, {vocab_size - 1}]")
@@ -461,342 +442,3 @@ def sample(probs: FloatVector, rng: np.random.Generator) -> int:
     index = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
     last_eligible = int(np.flatnonzero(p > 0)[-1])
     return min(index, last_eligible)  # guards the float edge where u * total rounds up to the total
-
-
-# --------------------------------------------------------------------------------------------------
-# Request-level parameters and the full pipeline
-# --------------------------------------------------------------------------------------------------
-
-
-def _as_int_tuple(value: object, name: str) -> tuple[int, ...]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise TypeError(f"{name} must be a sequence of int token ids")
-    items = tuple(value)
-    for item in items:
-        if not _is_int(item):
-            raise TypeError(f"{name} must contain int token ids, got {type(item).__name__}")
-        if item < 0:
-            raise ValueError(f"{name} token ids must be >= 0, got {item}")
-    return tuple(int(item) for item in items)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Everything a request says about how its tokens are chosen; immutable and hashable.
-
-    Shared by the reference pipeline (:func:`next_token_distribution`), the engine and the server.
-    A disabled control has a neutral default: ``top_k=None``, ``top_p=1``, ``min_p=0``,
-    ``typical_p=1``, penalties 0 (or 1 for the multiplicative one).
-
-    Penalty scope (stated because APIs differ): ``frequency_penalty`` and ``presence_penalty`` count
-    GENERATED tokens only (OpenAI / vLLM semantics); ``repetition_penalty`` applies to every token
-    seen in the prompt or the output (Hugging Face / vLLM semantics). ``banned_sequences`` and
-    ``no_repeat_ngram_size`` look at the generated tokens only.
-
-    ``temperature=0`` selects greedy decoding (argmax, lowest id on ties) and ignores the truncation
-    filters. ``max_tokens`` bounds generated tokens; ``stop`` strings end generation without being
-    returned; ``ignore_eos`` keeps generating past EOS; ``seed`` makes a request's draws reproducible;
-    ``n`` asks for that many independent samples of the same prompt.
-
-    ``logprobs`` (engine and server only): report each generated token's log-probability plus that many
-    most likely alternatives (0: the token's own only); ``prompt_logprobs`` the same for every prompt
-    token after the first. Both are the raw model's ``log_softmax`` of the logits, before any of the
-    processors above (vLLM's default ``logprobs_mode="raw_logprobs"``); None: not computed.
-    ``grammar`` (engine only): a compiled xgrammar grammar (:class:`servelab.grammar.GrammarCompiler`);
-    the engine masks every sample's next token to what the grammar allows, after the other processors
-    and before temperature, so greedy decoding stays greedy over the allowed tokens.
-    """
-
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float = 1.0
-    min_p: float = 0.0
-    typical_p: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    banned_sequences: tuple[tuple[int, ...], ...] = ()
-    no_repeat_ngram_size: int = 0
-    allowed_token_ids: tuple[int, ...] | None = None
-    filter_order: tuple[str, ...] = FILTER_NAMES
-    max_tokens: int = 16
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    seed: int | None = None
-    n: int = 1
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    grammar: object | None = field(default=None, hash=False)  # unhashable; equality compares it
-
-    def __post_init__(self) -> None:
-        self._set("temperature", require_interval("temperature", self.temperature, 0.0, math.inf,
-                                             high_open=True))
-        if self.top_k is not None:
-            self._set("top_k", require_index("top_k", self.top_k, 1))
-        self._set("top_p", require_interval("top_p", self.top_p, 0.0, 1.0, low_open=True))
-        self._set("min_p", require_interval("min_p", self.min_p, 0.0, 1.0))
-        self._set("typical_p", require_interval("typical_p", self.typical_p, 0.0, 1.0, low_open=True))
-        for name in ("frequency_penalty", "presence_penalty"):
-            self._set(name, require_interval(name, getattr(self, name), -2.0, 2.0))
-        self._set("repetition_penalty", require_interval("repetition_penalty", self.repetition_penalty,
-                                                    0.0, math.inf, low_open=True, high_open=True))
-        self._set("logit_bias", self._normalise_logit_bias(self.logit_bias))
-        self._set("banned_sequences", self._normalise_banned(self.banned_sequences))
-        self._set("no_repeat_ngram_size", require_index("no_repeat_ngram_size", self.no_repeat_ngram_size, 0))
-        if self.allowed_token_ids is not None:
-            allowed = _as_int_tuple(self.allowed_token_ids, "allowed_token_ids")
-            if not allowed:
-                raise ValueError("allowed_token_ids must be None or name at least one token")
-            self._set("allowed_token_ids", allowed)
-        self._set("filter_order", self._normalise_filter_order(self.filter_order))
-        self._check_filters_listed()
-        self._set("max_tokens", require_index("max_tokens", self.max_tokens, 1))
-        self._set("stop", self._normalise_stop(self.stop))
-        if not isinstance(self.ignore_eos, (bool, np.bool_)):
-            raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
-        self._set("ignore_eos", bool(self.ignore_eos))
-        if self.seed is not None:
-            self._set("seed", require_index("seed", self.seed, 0))
-        self._set("n", require_index("n", self.n, 1))
-        for name in ("logprobs", "prompt_logprobs"):
-            if getattr(self, name) is not None:
-                self._set(name, require_index(name, getattr(self, name), 0, MAX_LOGPROBS))
-
-    def _set(self, name: str, value: object) -> None:
-        object.__setattr__(self, name, value)  # the dataclass is frozen; normalise once, here
-
-    @staticmethod
-    def _normalise_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
-        pairs = value.items() if isinstance(value, Mapping) else value
-        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
-            raise TypeError("logit_bias must be a mapping or a sequence of (token_id, bias) pairs")
-        normalised: dict[int, float] = {}
-        for pair in pairs:
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                raise TypeError("logit_bias entries must be (token_id, bias) pairs")
-            (token,) = _as_int_tuple([pair[0]], "logit_bias")
-            if token in normalised:
-                raise ValueError(f"logit_bias names token {token} twice")
-            normalised[token] = require_interval(f"logit_bias[{token}]", pair[1], -math.inf, math.inf,
-                                            low_open=True, high_open=True)
-        return tuple(sorted(normalised.items()))
-
-    @staticmethod
-    def _normalise_banned(value: object) -> tuple[tuple[int, ...], ...]:
-        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-            raise TypeError("banned_sequences must be a sequence of token-id sequences")
-        sequences = tuple(_as_int_tuple(seq, "banned_sequences") for seq in value)
-        if any(len(seq) == 0 for seq in sequences):
-            raise ValueError("banned_sequences must not contain an empty sequence")
-        return sequences
-
-    @staticmethod
-    def _normalise_filter_order(value: object) -> tuple[str, ...]:
-        if isinstance(value, str) or not isinstance(value, Iterable):
-            raise TypeError(f"filter_order must be a sequence of names from {FILTER_NAMES}")
-        order = tuple(value)
-        unknown = [name for name in order if name not in FILTER_NAMES]
-        if unknown:
-            raise ValueError(f"filter_order contains {unknown}; allowed names are {FILTER_NAMES}")
-        if len(set(order)) != len(order):
-            raise ValueError(f"filter_order must not repeat a name, got {order}")
-        return order
-
-    @staticmethod
-    def _normalise_stop(value: object) -> tuple[str, ...]:
-        stops = (value,) if isinstance(value, str) else value
-        if not isinstance(stops, Iterable):
-            raise TypeError("stop must be a string or a sequence of strings")
-        stops = tuple(stops)
-        if not all(isinstance(s, str) and s for s in stops):
-            raise ValueError("stop must contain only non-empty strings")
-        return stops
-
-    def _filter_requested(self) -> dict[str, bool]:
-        return {
-            "top_k": self.top_k is not None,
-            "top_p": self.top_p < 1.0,
-            "min_p": self.min_p > 0.0,
-            "typical": self.typical_p < 1.0,
-        }
-
-    def _check_filters_listed(self) -> None:
-        missing = [name for name, on in self._filter_requested().items()
-                   if on and name not in self.filter_order]
-        if missing:
-            raise ValueError(f"filter_order omits enabled filter(s) {missing}; list every enabled filter")
-
-    def enabled_filters(self) -> tuple[str, ...]:
-        """The names in ``filter_order`` whose filter would change something, in application order."""
-        requested = self._filter_requested()
-        return tuple(name for name in self.filter_order if requested[name])
-
-
-def _check_params(params: object) -> SamplingParams:
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-    return params
-
-
-def apply_hard_constraints(logits: FloatVector, params: SamplingParams,
-                           output_ids: Sequence[int] = ()) -> np.ndarray:
-    """Stage 1: allowed-token mask, banned sequences, no-repeat n-gram mask, then logit bias."""
-    p = _check_params(params)
-    z = _check_logits(logits)
-    if p.allowed_token_ids is not None:
-        z = apply_hard_mask(z, p.allowed_token_ids)
-    if p.banned_sequences and np.isfinite(z).any():
-        z = ban_sequences(z, output_ids, p.banned_sequences)
-    if p.no_repeat_ngram_size > 0 and np.isfinite(z).any():
-        z = no_repeat_ngram_mask(z, output_ids, p.no_repeat_ngram_size)
-    if p.logit_bias and np.isfinite(z).any():
-        z = apply_logit_bias(z, p.logit_bias)
-    if not np.isfinite(z).any():
-        raise ValueError("params leave no eligible token: the hard constraints mask every token")
-    return z
-
-
-def apply_penalties(logits: FloatVector, params: SamplingParams, prompt_ids: Sequence[int] = (),
-                    output_ids: Sequence[int] = ()) -> np.ndarray:
-    """Stage 2: frequency/presence penalties on output counts, repetition penalty on prompt + output."""
-    p = _check_params(params)
-    z = _check_logits(logits)
-    if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
-        counts = token_counts(output_ids, z.size)
-        z = apply_frequency_presence(z, counts, p.frequency_penalty, p.presence_penalty)
-    if p.repetition_penalty != 1.0:
-        z = apply_repetition_penalty(z, [*prompt_ids, *output_ids], p.repetition_penalty)
-    return z
-
-
-def apply_truncation_filters(probs: FloatVector, params: SamplingParams) -> np.ndarray:
-    """Stage 4: run each enabled filter in ``params.filter_order`` on the current distribution."""
-    p = _check_params(params)
-    current = _check_probs(probs)
-    filters: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-        "top_k": lambda q: top_k_filter(q, p.top_k),
-        "top_p": lambda q: top_p_filter(q, p.top_p),
-        "min_p": lambda q: min_p_filter(q, p.min_p),
-        "typical": lambda q: typical_filter(q, p.typical_p),
-    }
-    for name in p.enabled_filters():
-        current = filters[name](current)
-    return current
-
-
-def next_token_distribution(logits: FloatVector, params: SamplingParams,
-                            prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> np.ndarray:
-    """The final probability vector one decode step samples from, under ``params``.
-
-    Stages: hard constraints and logit bias -> penalties -> temperature -> truncation filters in
-    ``params.filter_order`` -> renormalise. With ``temperature == 0`` the result is a one-hot vector at
-    the greedy argmax of the constrained, penalised logits, taken before any division. ``prompt_ids``
-    and ``output_ids`` are the request's prompt and generated token ids so far.
-    """
-    p = _check_params(params)
-    z = apply_hard_constraints(logits, p, output_ids)
-    z = apply_penalties(z, p, prompt_ids, output_ids)
-    if p.temperature == 0.0:
-        one_hot = np.zeros(z.size)
-        one_hot[greedy(z)] = 1.0
-        return one_hot
-    return apply_truncation_filters(temperature_probs(z, p.temperature), p)
-
-
-def sample_next_token(logits: FloatVector, params: SamplingParams, rng: np.random.Generator,
-                      prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> int:
-    """Build :func:`next_token_distribution` and draw one token from it with :func:`sample`.
-
-    Every call consumes exactly one uniform from ``rng``, greedy requests included.
-    """
-    return sample(next_token_distribution(logits, params, prompt_ids, output_ids), rng)
-
-
-# --------------------------------------------------------------------------------------------------
-# Beyond one draw: beam search and best-of-n memory
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BeamHypothesis:
-    """One finished beam: generated token ids, total log-probability (nats) and normalised score."""
-
-    token_ids: tuple[int, ...]
-    log_prob: float
-    score: float
-    ended_with_eos: bool = False
-
-
-def _length_normalised(log_prob: float, length: int, length_alpha: float) -> float:
-    """``S(y) = log P(y) / |y| ** alpha`` with ``|y|`` the generated length."""
-    return log_prob / (max(length, 1) ** length_alpha)
-
-
-def beam_search(step_logprobs: Callable[[list[tuple[int, ...]]], np.ndarray], prompt_ids: Sequence[int],
-                beam_width: int, max_new_tokens: int, eos_id: int | None = None,
-                length_alpha: float = 1.0) -> list[BeamHypothesis]:
-    """Approximate the most likely continuation by keeping the ``beam_width`` best partial sequences.
-
-    ``step_logprobs(sequences)`` receives the live sequences (prompt + generated, as tuples) and
-    returns a 2-D array of next-token log-probabilities, one row per sequence. Each step scores every
-    extension by cumulative ``log P``, keeps the best ``beam_width`` (ties: earlier beam, then smaller
-    token id), and retires an extension that emits ``eos_id`` as finished when it ranks within the top
-    ``beam_width``; the live set is refilled from the remaining extensions. Because everything outside
-    the beam is pruned, the result is not guaranteed to be globally optimal. The final ranking uses
-    ``S(y) = log P(y) / |y| ** length_alpha`` (``|y|`` counts generated tokens, EOS included), one
-    common normalisation among several. Returns at most ``beam_width`` hypotheses, best first.
-    """
-    if not callable(step_logprobs):
-        raise TypeError("step_logprobs must be callable: sequences -> 2-D array of log-probs")
-    prompt = _as_int_tuple(prompt_ids, "prompt_ids")
-    width = require_index("beam_width", beam_width, 1)
-    steps = require_index("max_new_tokens", max_new_tokens, 1)
-    if eos_id is not None:
-        (eos_id,) = _as_int_tuple([eos_id], "eos_id")
-    alpha = require_interval("length_alpha", length_alpha, 0.0, math.inf, high_open=True)
-
-    live: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
-    finished: list[tuple[tuple[int, ...], float, bool]] = []
-    for _ in range(steps):
-        table = np.asarray(step_logprobs([prompt + generated for generated, _ in live]), dtype=np.float64)
-        if table.ndim != 2 or table.shape[0] != len(live):
-            raise ValueError(f"step_logprobs must return shape ({len(live)}, vocab), got {table.shape}")
-        totals = np.array([lp for _, lp in live])[:, None] + table
-        flat = np.argsort(-totals, axis=None, kind="stable")  # row-major: earlier beam, smaller id
-        next_live: list[tuple[tuple[int, ...], float]] = []
-        for rank, index in enumerate(flat):
-            beam, token = divmod(int(index), table.shape[1])
-            total = float(totals[beam, token])
-            if len(next_live) == width or not math.isfinite(total):
-                break
-            extended = live[beam][0] + (token,)
-            if token == eos_id:
-                if rank < width:
-                    finished.append((extended, total, True))
-            else:
-                next_live.append((extended, total))
-        live = next_live
-        if not live:
-            break
-    finished.extend((generated, lp, False) for generated, lp in live)
-    hypotheses = [BeamHypothesis(tokens, lp, _length_normalised(lp, len(tokens), alpha), eos)
-                  for tokens, lp, eos in finished]
-    hypotheses.sort(key=lambda h: -h.score)
-    return hypotheses[:width]
-
-
-def best_of_n_kv_tokens(prompt_tokens: int, generated_tokens: int, n: int,
-                        shared_prefix: bool = True) -> int:
-    """KV-cache size, in token slots, of ``n`` parallel samples of one prompt.
-
-    With the prompt's KV shared copy-on-write, ``M = M_prompt + n * M_gen``; without sharing every
-    sample holds its own copy, ``M = n * (M_prompt + M_gen)``. Multiply by bytes per token (see
-    ``servelab.kv``) for bytes. Block rounding is ignored here.
-    """
-    prompt = require_index("prompt_tokens", prompt_tokens, 0)
-    generated = require_index("generated_tokens", generated_tokens, 0)
-    samples = require_index("n", n, 1)
-    if not isinstance(shared_prefix, bool):
-        raise TypeError(f"shared_prefix must be a bool, got {type(shared_prefix).__name__}")
-    return prompt + samples * generated if shared_prefix else samples * (prompt + generated)

@@ -29,7 +29,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from servelab._validate import require_int, require_real
-from servelab.metrics import ModelShape, decode_cost
+from servelab.roofline import analytic
+from servelab.roofline.analytic import ModelShape, decode_cost
 
 __all__ = ["Roofline", "StepFloor", "count_ops", "decode_floor", "measure_matmul_flops", "measure_op_overhead",
            "measure_read_bandwidth", "measure_roofline", "median_seconds", "model_shape"]
@@ -144,12 +145,11 @@ class Roofline:
 
     def ridge_point(self, dtype: str = "float32") -> float:
         """FLOP per byte where the compute roof meets the memory roof."""
-        return self._peak(dtype) / self.read_bandwidth
+        return analytic.ridge_point(self._peak(dtype), self.read_bandwidth)
 
     def attainable(self, intensity: float, dtype: str = "float32") -> float:
         """The roof at ``intensity`` FLOP/byte: ``min(peak, intensity x bandwidth)`` FLOP/s."""
-        i = require_real("intensity", intensity, 0.0)
-        return min(self._peak(dtype), i * self.read_bandwidth)
+        return analytic.attainable_flops(intensity, self._peak(dtype), self.read_bandwidth)
 
     def floor(self, bytes_moved: float, flops: float, ops: int, dtype: str = "float32") -> StepFloor:
         """The floors of a step that reads ``bytes_moved`` bytes, does ``flops`` FLOPs in ``dtype`` and
@@ -188,7 +188,7 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
 
 def decode_floor(model: torch.nn.Module, roofline: Roofline, context_len: int, batch: int, ops: int) -> StepFloor:
     """The floors of one decode step of ``model`` with ``batch`` sequences of ``context_len`` cached tokens
-    that dispatches ``ops`` operators (bytes and FLOPs from :func:`servelab.metrics.decode_cost`)."""
+    that dispatches ``ops`` operators (bytes and FLOPs from :func:`servelab.roofline.decode_cost`)."""
     cost = decode_cost(model_shape(model), context_len, batch)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return roofline.floor(cost.bytes, cost.flops, ops, dtype if dtype in roofline.peak_flops else "float32")
