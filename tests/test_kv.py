@@ -1,6 +1,8 @@
 """Tests for servelab.kv: the [D06]-[D08] numbers, the paged block allocator and its inspection view."""
 
+import ast
 import doctest
+import inspect
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -9,9 +11,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import servelab.kv.allocator
 import servelab.kv.arithmetic
+import servelab.kv.inspection
 from servelab.kv import (
     BlockAllocator,
     BlockCopy,
+    BlockPoolState,
     DoubleFreeError,
     OutOfBlocks,
     block_alloc_slots,
@@ -522,6 +526,28 @@ def test_check_invariants_detects_corruption():
     a._refcount[a.block_table("s")[0]] += 1
     with pytest.raises(AssertionError):
         a.inspect().check_invariants()
+
+
+def test_the_view_reads_only_the_pools_public_interface():
+    # no attribute of the pool starting with "_" is touched, and only names BlockPoolState declares
+    declared = {name for name in vars(BlockPoolState) if not name.startswith("_")}
+    tree = ast.parse(inspect.getsource(servelab.kv.inspection))
+    read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and ast.unparse(node.value) in ("self._pool", "pool")}
+    assert read and read <= declared, read - declared
+    assert declared <= set(dir(BlockAllocator))
+
+
+def test_the_view_follows_the_pool_it_was_taken_from():
+    a = BlockAllocator(8, 4)
+    view = a.inspect()
+    a.allocate_prompt("p", [1, 2, 3, 4, 5])
+    a.fork("p", "c")
+    assert view.num_shared_blocks == 2 and view.owners()[a.block_table("c")[1]] == ["p", "c"]
+    a.free("p")
+    a.free("c")
+    assert view.num_shared_blocks == 0 and view.num_cached_free_blocks == 1
+    view.check_invariants()
 
 
 # ---------------------------------------------------------------------------------- random operations

@@ -11,7 +11,7 @@ view of the pool, and (torch) what evicting old tokens' KV does.
 from servelab.kv.allocator import BlockAllocator, BlockCopy, DoubleFreeError, OutOfBlocks, PromptAllocation
 from servelab.kv.arithmetic import (block_alloc_slots, blocks_for, kv_bytes_per_token, kv_heads_per_tp_rank,
                                     physical_blocks_no_sharing, physical_blocks_with_sharing)
-from servelab.kv.inspection import BlockPoolView, SequenceBlocks
+from servelab.kv.inspection import BlockPoolState, BlockPoolView, SequenceBlocks
 from servelab.kv.prefix_cache import full_block_keys, prefix_block_key
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "BlockCopy",
     "PromptAllocation",
     "BlockAllocator",
+    "BlockPoolState",
     "BlockPoolView",
     "SequenceBlocks",
 ]
