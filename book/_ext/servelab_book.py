@@ -25,13 +25,13 @@
    (:func:`servelab.nbrun.run_notebook`, ``SERVELAB_NOTEBOOK_LIMIT_S``, default 600 s): jupyter-cache's
    in-process executor is replaced, so a notebook that hangs is killed with its kernel, and the build
    fails with a warning naming the notebook and the cell it was running.
-10. The architecture page's chapter -> module map and engine reading order are generated
-   (:func:`servelab.course_map.with_course_map`): each marker line becomes a table read from the
-   chapter notebooks' imports and the engine's files, linked to the source on GitHub at the branch in
-   ``_config.yml``. The page is read again whenever a notebook changes.
 8. The chapters count from 0 (the state machine is chapter 0): Sphinx numbers a toctree from 1, so
    after it has assigned section numbers every number's first component is lowered by one. Only the
    "Chapters" part of ``_toc.yml`` is numbered, so every numbered page is a chapter page.
+10. The architecture page's chapter -> module map and engine reading order are generated
+    (:func:`servelab.course_map.with_course_map`): each marker line becomes a table read from the
+    chapter notebooks' imports and the engine's files, linked to the source on GitHub at the branch in
+    ``_config.yml``. The page is read again whenever a notebook changes.
 """
 
 from __future__ import annotations
