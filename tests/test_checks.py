@@ -74,7 +74,7 @@ def test_engine_tick_seed_example_and_following_ticks():
         engine_tick(state, m_token=64, rng=rng)
     assert state.allocator.num_used_blocks == 0 and state.slots.in_use == 0
     assert [r.usage.generated_tokens for r in state.ledger] == [1, 1, 4]
-    state.allocator.check_invariants()
+    state.allocator.inspect().check_invariants()
 
 
 def test_engine_tick_admission_respects_kv_headroom():

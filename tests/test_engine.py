@@ -60,7 +60,7 @@ def expected_ids(model, prompt, params=GREEDY) -> list[int]:
 def assert_clean(engine: LLMEngine, num_requests: int) -> None:
     """Every block free, refcounts zero, invariants hold, one terminal record per request, no slots held."""
     alloc = engine.allocator
-    alloc.check_invariants()
+    alloc.inspect().check_invariants()
     assert alloc.num_used_blocks == 0
     assert all(alloc.refcount(b) == 0 for b in range(alloc.num_blocks))
     assert alloc.num_reserved_blocks == 0
@@ -267,7 +267,7 @@ def test_fuzzed_workload_leaves_nothing_behind(model, tokenizer, seed, policy):
         if live and rng.random() < 0.1:
             engine.cancel(live.pop(rng.randrange(len(live))))
         engine.step()
-        engine.allocator.check_invariants()
+        engine.allocator.inspect().check_invariants()
     while engine.has_unfinished():
         engine.step()
     assert policy == "on-demand" or not any(r.preempted or r.swapped_out for r in engine.trace)
@@ -466,7 +466,7 @@ def test_cancel_while_paused_frees_every_block(model, tokenizer):
     held = len(engine.allocator.block_table(paused))
     used = engine.allocator.num_used_blocks
     assert engine.cancel(paused) is True
-    engine.allocator.check_invariants()
+    engine.allocator.inspect().check_invariants()
     assert not engine.allocator.has_sequence(paused) and engine.allocator.num_used_blocks == used - held
     record = engine.ledger.records[-1]
     assert (record.request_id, record.state, record.from_state) == (paused, RequestState.CANCELLED,
@@ -527,7 +527,7 @@ def test_paused_requests_under_memory_pressure_still_match_and_leave_nothing(mod
         if all(engine._requests[i].seq.paused for i in live if i in engine._requests):
             engine.resume(live[0])
         finals.update({o.request_id: o for o in engine.step() if o.finished})
-        engine.allocator.check_invariants()
+        engine.allocator.inspect().check_invariants()
     assert any(r.paused for r in engine.trace)
     assert any(r.preempted or r.swapped_out for r in engine.trace)
     for i, prompt in enumerate(prompts):

@@ -102,7 +102,7 @@ def test_every_exit_path_releases_the_reservation(model, tokenizer, policy):
     assert alloc.reserved_blocks(late) == 0 and not alloc.has_sequence(late)
     while engine.has_unfinished():
         engine.step()
-        alloc.check_invariants()
+        alloc.inspect().check_invariants()
     states = {r.request_id: r.state for r in engine.ledger.records}
     assert states == {finished: RequestState.FINISHED, cancelled: RequestState.CANCELLED,
                       late: RequestState.TIMED_OUT, forked: RequestState.FINISHED}
@@ -119,7 +119,7 @@ def test_preemption_releases_the_victims_blocks_and_reservation(model, tokenizer
         for victim in engine.trace[-1].preempted:
             assert not engine.allocator.has_sequence(victim) and engine.allocator.reserved_blocks(victim) == 0
             victims.append(victim)
-        engine.allocator.check_invariants()
+        engine.allocator.inspect().check_invariants()
     assert victims
     assert_clean(engine, 4)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servelab.eviction import EvictedPrefixAttention, evicted_greedy, evicted_logits, first_difference
+from servelab.kv.eviction import EvictedPrefixAttention, evicted_greedy, evicted_logits, first_difference
 from servelab.model import LlamaConfig, LlamaForCausalLM
 
 torch.set_num_threads(1)

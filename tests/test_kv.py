@@ -1,16 +1,21 @@
-"""Tests for servelab.kv: the [D06]-[D08] numbers and the paged block allocator."""
+"""Tests for servelab.kv: the [D06]-[D08] numbers, the paged block allocator and its inspection view."""
 
+import ast
 import doctest
+import inspect
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import servelab.kv
+import servelab.kv.allocator
+import servelab.kv.arithmetic
+import servelab.kv.inspection
 from servelab.kv import (
     BlockAllocator,
     BlockCopy,
+    BlockPoolState,
     DoubleFreeError,
     OutOfBlocks,
     block_alloc_slots,
@@ -25,7 +30,8 @@ GIB = 1024**3
 
 
 def test_docstring_examples_hold():
-    failed, attempted = doctest.testmod(servelab.kv)
+    results = [doctest.testmod(module) for module in (servelab.kv.arithmetic, servelab.kv.allocator)]
+    failed, attempted = (sum(counts) for counts in zip(*results))
     assert attempted >= 10 and failed == 0
 
 
@@ -167,10 +173,10 @@ def test_prompt_allocation_and_free():
     assert len(a.block_table("s")) == 3
     assert a.num_tokens("s") == 10
     assert a.num_used_blocks == 3 and a.num_free_blocks == 5
-    a.check_invariants()
+    a.inspect().check_invariants()
     assert a.free("s") == 3
     assert a.num_free_blocks == 8 and not a.has_sequence("s")
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_allocate_prompt_rejects_bad_arguments():
@@ -197,7 +203,7 @@ def test_append_fills_tail_then_allocates():
     assert len(a.block_table("s")) == 1 and a.num_tokens("s") == 4
     assert a.append_tokens("s", [5]) == ()
     assert len(a.block_table("s")) == 2 and a.num_tokens("s") == 5
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_fork_then_cow_of_shared_partial_tail():
@@ -207,7 +213,7 @@ def test_fork_then_cow_of_shared_partial_tail():
     full, tail = a.block_table("parent")
     assert a.block_table("child") == [full, tail]
     assert a.refcount(full) == 2 and a.refcount(tail) == 2
-    assert a.owners()[tail] == ["parent", "child"]
+    assert a.inspect().owners()[tail] == ["parent", "child"]
 
     copies = a.append_tokens("child", [7])
     assert len(copies) == 1 and copies[0].src == tail
@@ -217,8 +223,8 @@ def test_fork_then_cow_of_shared_partial_tail():
     assert a.refcount(tail) == 1 and a.refcount(new_tail) == 1 and a.refcount(full) == 2
     # the parent's tail is private again: it writes in place
     assert a.append_tokens("parent", [8]) == ()
-    assert a.snapshot()["blocks"][new_tail]["num_filled"] == 3
-    a.check_invariants()
+    assert a.inspect().snapshot()["blocks"][new_tail]["num_filled"] == 3
+    a.inspect().check_invariants()
 
 
 def test_fork_with_full_tail_needs_no_copy():
@@ -227,7 +233,7 @@ def test_fork_with_full_tail_needs_no_copy():
     a.fork("p", "c")
     assert a.append_tokens("c", [5]) == ()
     assert a.block_table("c")[0] == a.block_table("p")[0]
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_prefix_sharing_by_exact_token_match_four_to_three():
@@ -237,7 +243,7 @@ def test_prefix_sharing_by_exact_token_match_four_to_three():
     assert hit.cached_prompt_tokens == 4 and hit.copies == ()
     assert a.block_table("a")[0] == a.block_table("b")[0]
     assert a.num_used_blocks == 3
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_sub_block_overlap_gets_no_hit():
@@ -260,7 +266,7 @@ def test_full_hit_caps_cached_tokens_and_copies_last_block():
     b_first, b_second = a.block_table("b")
     assert b_first == first and b_second == res.copies[0].dst != second
     assert a.refcount(first) == 2 and a.refcount(second) == 1 and a.refcount(b_second) == 1
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_full_hit_on_freed_cached_blocks_revives_and_never_copies_into_source():
@@ -269,11 +275,11 @@ def test_full_hit_on_freed_cached_blocks_revives_and_never_copies_into_source():
     a.allocate_prompt("a", prompt)
     src_first, src_second = a.block_table("a")
     a.free("a")
-    assert a.num_free_blocks == 2 and a.snapshot()["blocks"][src_second]["state"] == "cached"
+    assert a.num_free_blocks == 2 and a.inspect().snapshot()["blocks"][src_second]["state"] == "cached"
     # pool of 2: reuse first block, copy the second into... nothing is left unless src is spared
     with pytest.raises(OutOfBlocks):
         a.allocate_prompt("b", prompt)
-    a.check_invariants()
+    a.inspect().check_invariants()
     # pool of 3: the copy source is the least recently freed block, first in line for reuse
     a3 = BlockAllocator(3, 4)
     a3.allocate_prompt("a", prompt)
@@ -285,9 +291,9 @@ def test_full_hit_on_freed_cached_blocks_revives_and_never_copies_into_source():
     (copy,) = res.copies
     assert copy.src == s2 and copy.dst not in (s1, s2)
     assert a3.block_table("b") == [s1, copy.dst]
-    assert a3.snapshot()["blocks"][s2]["state"] == "cached"  # still intact for the copy
+    assert a3.inspect().snapshot()["blocks"][s2]["state"] == "cached"  # still intact for the copy
     assert a3.lookup_prefix(prompt) == 7
-    a3.check_invariants()
+    a3.inspect().check_invariants()
 
 
 def test_namespaces_never_share():
@@ -307,7 +313,7 @@ def test_prefix_caching_disabled_never_matches():
     assert a.lookup_prefix(list(range(8))) == 0
     assert a.allocate_prompt("b", list(range(8))).cached_prompt_tokens == 0
     assert a.num_used_blocks == 4
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_decode_filled_blocks_are_registered():
@@ -327,7 +333,7 @@ def test_free_list_reuses_uncached_blocks_first_then_least_recently_freed():
     new_full = a.block_table("new")[0]
     a.free("old")
     a.free("new")
-    assert a.num_free_blocks == 4 and a.num_cached_free_blocks == 2
+    assert a.num_free_blocks == 4 and a.inspect().num_cached_free_blocks == 2
     # the two uncached tails go first: both cached prefixes survive
     a.allocate_prompt("w", [7, 7, 7, 7])
     assert old_full not in a.block_table("w") and new_full not in a.block_table("w")
@@ -340,7 +346,7 @@ def test_free_list_reuses_uncached_blocks_first_then_least_recently_freed():
     res = a.allocate_prompt("y", [2, 2, 9])  # revives the cached free block
     assert res.cached_prompt_tokens == 2 and a.block_table("y")[0] == new_full
     assert a.refcount(new_full) == 1
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_cache_on_compute_defers_publication_until_marked():
@@ -356,7 +362,7 @@ def test_cache_on_compute_defers_publication_until_marked():
     assert a.lookup_prefix(prompt) == 8
     with pytest.raises(ValueError, match="num_computed_tokens"):
         a.mark_computed("a", 11)
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_cache_on_compute_cancelled_prefill_leaves_no_garbage_in_cache():
@@ -365,7 +371,7 @@ def test_cache_on_compute_cancelled_prefill_leaves_no_garbage_in_cache():
     a.mark_computed("a", 4)  # one chunk done, then the request is cancelled
     a.free("a")
     assert a.lookup_prefix(range(12)) == 4
-    assert a.num_cached_free_blocks == 1
+    assert a.inspect().num_cached_free_blocks == 1
 
 
 def test_mark_computed_is_a_no_op_in_default_mode():
@@ -391,7 +397,7 @@ def test_reservation_reduces_available_not_free():
     assert a.num_available_blocks == 0
     assert a.release_reservation("q") == 2 and a.release_reservation("q") == 0
     assert a.num_available_blocks == 2
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_num_blocks_to_allocate_counts_fresh_and_revived_blocks():
@@ -421,7 +427,7 @@ def test_num_blocks_to_allocate_counts_a_free_copy_on_write_source():
             with pytest.raises(OutOfBlocks):
                 a.allocate_prompt("b", prompt)
         a.release_reservation("b")
-        a.check_invariants()
+        a.inspect().check_invariants()
 
 
 def test_reservation_validates():
@@ -440,7 +446,7 @@ def test_free_is_idempotent_and_drops_reservation():
     assert a.free("s") == 0
     assert a.free("never-seen") == 0
     assert a.num_reserved_blocks == 0 and a.num_free_blocks == 8
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_shared_block_returns_only_with_last_holder():
@@ -450,7 +456,7 @@ def test_shared_block_returns_only_with_last_holder():
     assert a.free("p") == 0
     assert a.num_used_blocks == 2
     assert a.free("c") == 2
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_internal_double_decref_raises():
@@ -467,7 +473,7 @@ def test_out_of_blocks_leaves_state_unchanged():
     a.allocate_prompt("a", range(6))
     a.fork("a", "b")
     a.reserve("z", 1)
-    before = a.snapshot()
+    before = a.inspect().snapshot()
     with pytest.raises(OutOfBlocks):
         a.allocate_prompt("c", range(9))  # 3 blocks, only 1 unreserved
     with pytest.raises(OutOfBlocks):
@@ -475,9 +481,9 @@ def test_out_of_blocks_leaves_state_unchanged():
     with pytest.raises(OutOfBlocks):
         a.restore("r", 9)
     assert not a.can_append("a", 10)
-    assert a.snapshot() == before
+    assert a.inspect().snapshot() == before
     assert not a.has_sequence("c") and not a.has_sequence("r")
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_can_append_counts_cow():
@@ -500,13 +506,13 @@ def test_restore_allocates_fresh_blocks():
     assert a.num_tokens("t") == 8
     with pytest.raises(ValueError, match="token_ids"):
         a.restore("u", 3, token_ids=[1])
-    a.check_invariants()
+    a.inspect().check_invariants()
 
 
 def test_snapshot_is_plain_data():
     a = BlockAllocator(4, 2)
     a.allocate_prompt("s", [1, 2, 3])
-    snap = a.snapshot()
+    snap = a.inspect().snapshot()
     assert snap["sequences"]["s"] == {"block_table": a.block_table("s"), "num_tokens": 3, "reserved": 0}
     states = [b["state"] for b in snap["blocks"]]
     assert states.count("used") == 2 and states.count("free") == 2
@@ -519,7 +525,29 @@ def test_check_invariants_detects_corruption():
     a.allocate_prompt("s", [1])
     a._refcount[a.block_table("s")[0]] += 1
     with pytest.raises(AssertionError):
-        a.check_invariants()
+        a.inspect().check_invariants()
+
+
+def test_the_view_reads_only_the_pools_public_interface():
+    # no attribute of the pool starting with "_" is touched, and only names BlockPoolState declares
+    declared = {name for name in vars(BlockPoolState) if not name.startswith("_")}
+    tree = ast.parse(inspect.getsource(servelab.kv.inspection))
+    read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and ast.unparse(node.value) in ("self._pool", "pool")}
+    assert read and read <= declared, read - declared
+    assert declared <= set(dir(BlockAllocator))
+
+
+def test_the_view_follows_the_pool_it_was_taken_from():
+    a = BlockAllocator(8, 4)
+    view = a.inspect()
+    a.allocate_prompt("p", [1, 2, 3, 4, 5])
+    a.fork("p", "c")
+    assert view.num_shared_blocks == 2 and view.owners()[a.block_table("c")[1]] == ["p", "c"]
+    a.free("p")
+    a.free("c")
+    assert view.num_shared_blocks == 0 and view.num_cached_free_blocks == 1
+    view.check_invariants()
 
 
 # ---------------------------------------------------------------------------------- random operations
@@ -572,11 +600,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         candidates = [s for s in self.live if not self.alloc.has_sequence(s)]
         seq_id = candidates[0] if reuse and candidates else self._new_id()
         expected_hit = self.alloc.lookup_prefix(tokens, ns)
-        before = self.alloc.snapshot()
+        before = self.alloc.inspect().snapshot()
         try:
             res = self.alloc.allocate_prompt(seq_id, tokens, ns)
         except OutOfBlocks:
-            assert self.alloc.snapshot() == before
+            assert self.alloc.inspect().snapshot() == before
             return
         assert res.cached_prompt_tokens == expected_hit <= len(tokens) - 1
         assert self.alloc.num_tokens(seq_id) == len(tokens)
@@ -593,12 +621,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         if not self.alloc.has_sequence(seq_id):
             return
         can = self.alloc.can_append(seq_id, len(tokens))
-        before = self.alloc.snapshot()
+        before = self.alloc.inspect().snapshot()
         n = self.alloc.num_tokens(seq_id)
         try:
             copies = self.alloc.append_tokens(seq_id, tokens)
         except OutOfBlocks:
-            assert not can and self.alloc.snapshot() == before
+            assert not can and self.alloc.inspect().snapshot() == before
             return
         assert can
         assert self.alloc.num_tokens(seq_id) == n + len(tokens)
@@ -641,7 +669,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self):
         if hasattr(self, "alloc"):
-            self.alloc.check_invariants()
+            self.alloc.inspect().check_invariants()
 
     @invariant()
     def every_slot_holds_its_own_prefix(self):
@@ -659,7 +687,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         for seq_id in list(self.live):
             self.alloc.free(seq_id)
         a = self.alloc
-        a.check_invariants()
+        a.inspect().check_invariants()
         assert a.num_free_blocks == a.num_blocks and a.num_used_blocks == 0
         assert a.num_reserved_blocks == 0 and a.num_available_blocks == a.num_blocks
         assert all(a.refcount(b) == 0 for b in range(a.num_blocks))

@@ -198,7 +198,7 @@ def test_finished_reclaim_frees_blocks_slot_and_writes_one_record():
     assert (rec.blocks_freed, rec.reservation_released, rec.slots_released) == (3, 1, 1)
     assert rec.usage == usage
     assert alloc.num_free_blocks == 16 and alloc.num_reserved_blocks == 0 and slots.in_use == 0
-    alloc.check_invariants()
+    alloc.inspect().check_invariants()
 
 
 def test_shared_prefix_block_survives_one_holder_reclaim():
@@ -211,7 +211,7 @@ def test_shared_prefix_block_survives_one_holder_reclaim():
     assert alloc.refcount(shared) == 1 and ledger.records[0].blocks_freed == 1
     reclaim(lc_b, S.FINISHED, ledger=ledger, at=6.0, allocator=alloc, seq_ids=seqs_b, slots=slots)
     assert alloc.num_used_blocks == 0 and len(ledger) == 2
-    alloc.check_invariants()
+    alloc.inspect().check_invariants()
 
 
 def test_queued_reclaim_rolls_back_only_its_reservation():
@@ -228,7 +228,7 @@ def test_queued_reclaim_rolls_back_only_its_reservation():
     assert alloc.block_table(other_seqs[0]) == before_table and slots.held_by("other") == 1
     rec = ledger.records[0]
     assert (rec.blocks_freed, rec.reservation_released, rec.slots_released) == (0, 5, 0)
-    alloc.check_invariants()
+    alloc.inspect().check_invariants()
 
 
 def test_swapped_reclaim_releases_host_swap_space():
@@ -262,7 +262,7 @@ def test_cancel_timeout_race_first_wins_and_nothing_is_freed_twice():
     assert reclaim(lc, S.TIMED_OUT, at=5.0, reason="deadline", **kwargs) is False
     assert lc.state is S.CANCELLED and len(ledger) == 1
     assert alloc.num_used_blocks == used and alloc.has_sequence("newcomer")
-    alloc.check_invariants()
+    alloc.inspect().check_invariants()
 
 
 def test_threaded_race_writes_exactly_one_record():
@@ -287,7 +287,7 @@ def test_threaded_race_writes_exactly_one_record():
         assert len(ledger) == 1 and ledger.records[0].state is lc.state
         assert ledger.records[0].blocks_freed == 3
         assert alloc.num_free_blocks == 16 and alloc.num_reserved_blocks == 0 and slots.in_use == 0
-        alloc.check_invariants()
+        alloc.inspect().check_invariants()
 
 
 def test_illegal_reclaim_changes_nothing():

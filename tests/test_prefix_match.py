@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from servelab.prefix_match import block_hash_keys, block_hash_reuse, radix_reuse
+from servelab.kv.prefix_cache import block_hash_keys, block_hash_reuse, radix_reuse
 
 
 def common_prefix(a, b):

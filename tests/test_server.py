@@ -115,7 +115,7 @@ def assert_engine_clean(server, timeout_s: float = 5.0):
             break
         time.sleep(0.02)
     assert state == (0, 0, 0, False)
-    server.call(lambda e: e.allocator.check_invariants())
+    server.call(lambda e: e.allocator.inspect().check_invariants())
     assert server.bridge.num_waiting == 0
 
 

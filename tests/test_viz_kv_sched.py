@@ -123,7 +123,7 @@ def forked_pool():
 
 
 def test_pool_figure_draws_every_block_and_table_entry():
-    snap = forked_pool().snapshot()
+    snap = forked_pool().inspect().snapshot()
     fig = kv_viz.pool_figure(snap, title="fork")
     pool, tables = fig.data[0], fig.data[1]
     assert len(pool.x) == 8 and len(tables.x) == 6
@@ -136,15 +136,15 @@ def test_pool_figure_marks_cached_free_blocks():
     alloc = BlockAllocator(num_blocks=4, block_size=2)
     alloc.allocate_prompt("a", [1, 2, 3])
     alloc.free("a")
-    colours = kv_viz.pool_figure(alloc.snapshot()).data[0].marker.color
+    colours = kv_viz.pool_figure(alloc.inspect().snapshot()).data[0].marker.color
     assert colours[:2].count(kv_viz.CACHED_COLOR) == 1 and kv_viz.FREE_COLOR in colours
 
 
 def test_pool_slider_figure_has_one_frame_per_snapshot_and_fixed_colours():
     alloc = forked_pool()
-    snaps = [alloc.snapshot()]
+    snaps = [alloc.inspect().snapshot()]
     copies = alloc.append_tokens("child", [42])
-    snaps.append(alloc.snapshot())
+    snaps.append(alloc.inspect().snapshot())
     fig = kv_viz.pool_slider_figure(snaps, ["0", "1"], titles=["a", "b"], active=1)
     assert [f.name for f in fig.frames] == ["0", "1"]
     assert fig.layout.sliders[0].active == 1
@@ -157,9 +157,9 @@ def test_pool_figure_validates_input():
     with pytest.raises(ValueError):
         kv_viz.pool_figure({"blocks": []})
     with pytest.raises(ValueError):
-        kv_viz.pool_figure(forked_pool().snapshot(), rows=["parent"])
+        kv_viz.pool_figure(forked_pool().inspect().snapshot(), rows=["parent"])
     with pytest.raises(ValueError):
-        kv_viz.pool_slider_figure([forked_pool().snapshot()], ["0", "1"])
+        kv_viz.pool_slider_figure([forked_pool().inspect().snapshot()], ["0", "1"])
 
 
 def test_owner_colors_are_stable_and_distinct():
@@ -280,7 +280,7 @@ def test_tick_walkthrough_fills_the_eight_parts_from_records():
 
 
 def test_every_builder_returns_a_plotly_figure():
-    snap = forked_pool().snapshot()
+    snap = forked_pool().inspect().snapshot()
     assert isinstance(kv_viz.pool_figure(snap), go.Figure)
     assert isinstance(sched_viz.engine_gantt_figure({"r": [step(0, prefill={"a": 2})]}), go.Figure)
 

@@ -28,6 +28,10 @@
 8. The chapters count from 0 (the state machine is chapter 0): Sphinx numbers a toctree from 1, so
    after it has assigned section numbers every number's first component is lowered by one. Only the
    "Chapters" part of ``_toc.yml`` is numbered, so every numbered page is a chapter page.
+10. The architecture page's chapter -> module map and engine reading order are generated
+    (:func:`servelab.course_map.with_course_map`): each marker line becomes a table read from the
+    chapter notebooks' imports and the engine's files, linked to the source on GitHub at the branch in
+    ``_config.yml``. The page is read again whenever a notebook changes.
 """
 
 from __future__ import annotations
@@ -237,6 +241,23 @@ def add_colab_link(app: Sphinx, docname: str, source: list[str]) -> None:
     source[0] = with_colab_link(source[0], url, slug)
 
 
+COURSE_MAP_PAGE = "book/architecture"
+
+
+def add_course_map(app: Sphinx, docname: str, source: list[str]) -> None:
+    """The generated chapter -> module map and engine reading order on the architecture page."""
+    if docname != COURSE_MAP_PAGE:
+        return
+    from servelab.course_map import chapter_notebooks, with_course_map
+
+    root = Path(app.srcdir)
+    options = app.config.html_theme_options
+    base = f"{options['repository_url'].rstrip('/')}/blob/{options.get('repository_branch', 'main')}/"
+    source[0] = with_course_map(source[0], root, base)
+    for notebook in chapter_notebooks(root):
+        app.env.note_dependency(str(notebook))
+
+
 NOTEBOOK_LIMIT_ENV = "SERVELAB_NOTEBOOK_LIMIT_S"
 NOTEBOOK_LIMIT_S = 600
 
@@ -283,6 +304,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("source-read", note_glue_sources)
     app.connect("env-get-updated", chapters_from_zero, priority=900)  # after the toctree collector
     app.connect("source-read", add_colab_link)
+    app.connect("source-read", add_course_map)
     app.connect("build-finished", copy_plotly_js)
     app.connect("build-finished", copy_mathjax)
     app.connect("html-page-context", drop_duplicate_scripts, priority=900)  # after the others

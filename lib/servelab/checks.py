@@ -253,7 +253,7 @@ def check_sharing_and_allocator() -> str:
             "writing the shared tail must copy-on-write")
     pool.free("child")
     pool.free("parent")
-    pool.check_invariants()
+    pool.inspect().check_invariants()
     _expect(pool.num_used_blocks == 0, "freeing both sequences must return every block")
     return (f"prefix sharing (exact token match) {no_share}->{shared} blocks, sub-block overlap shares 0, "
             f"3-way sharing saves {saved} = (n-1)*B_shared, TP guard rejects 8 heads / TP 3, "
@@ -393,7 +393,7 @@ def check_engine_tick() -> str:
     _expect(set(report.next_tokens.values()) <= {0, 1}, f"top-k=2 sampled {report.next_tokens}")
     _expect((report.kv_bytes_before_reclaim, report.kv_bytes_after_reclaim) == (512, 256),
             f"KV bytes {report.kv_bytes_before_reclaim}->{report.kv_bytes_after_reclaim}")
-    state.allocator.check_invariants()
+    state.allocator.inspect().check_invariants()
     record = state.ledger.records[0]
     _expect(len(state.ledger) == 1 and record.request_id == "A" and record.slots_released == 1,
             "reclaim must write one record for A and release its slot")

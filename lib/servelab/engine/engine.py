@@ -58,7 +58,7 @@ from servelab.engine.scheduler import Scheduler, SchedulerOutput
 from servelab.engine.sequence import Sequence
 from servelab.engine.trace import StepRecord
 from servelab.engine.validation import RequestValidator, check_components, context_limit
-from servelab.kv import BlockAllocator
+from servelab.kv.allocator import BlockAllocator
 from servelab.ledger import Ledger, TerminalRecord, Usage
 from servelab.lifecycle import RequestState, SlotPool
 from servelab.model.llama import LlamaForCausalLM

@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab.engine.sequence import Sequence
-from servelab.kv_allocator import BlockAllocator, blocks_for
+from servelab.kv.allocator import BlockAllocator
+from servelab.kv.arithmetic import blocks_for
 
 RESERVATION_POLICIES = ("on-demand", "up-front")
 

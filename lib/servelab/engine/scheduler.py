@@ -37,7 +37,7 @@ from servelab.engine.config import EngineConfig
 from servelab.engine.policy import POLICIES
 from servelab.engine.reservation import ReservationPolicy
 from servelab.engine.sequence import Sequence, SeqStatus
-from servelab.kv import BlockAllocator, BlockCopy, OutOfBlocks
+from servelab.kv.allocator import BlockAllocator, BlockCopy, OutOfBlocks
 from servelab.lifecycle import SlotPool
 
 

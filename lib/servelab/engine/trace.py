@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from servelab.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-    from servelab.kv import BlockAllocator
+    from servelab.kv.allocator import BlockAllocator
 
 
 @dataclass
@@ -84,7 +84,8 @@ class StepRecord:
         self.descheduled, self.paused = list(sched.descheduled), list(sched.paused)
         self.finished = finished
         self.blocks_used, self.blocks_free = allocator.num_used_blocks, allocator.num_free_blocks
-        self.blocks_shared, self.blocks_cached = allocator.num_shared_blocks, allocator.num_cached_free_blocks
+        view = allocator.inspect()
+        self.blocks_shared, self.blocks_cached = view.num_shared_blocks, view.num_cached_free_blocks
         self.num_waiting, self.num_running = len(scheduler.waiting), len(scheduler.running)
         self.num_swapped = len(scheduler.swapped)
         self.end = end

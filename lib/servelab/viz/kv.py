@@ -1,7 +1,7 @@
 """Figures for the KV-cache chapter: the block pool and block tables, fragmentation, preemption,
 eviction, the prefix-cache timing side channel and cache-aware routing.
 
-Every value drawn comes from the library: pool pictures from ``servelab.kv.BlockAllocator.snapshot()``
+Every value drawn comes from the library: pool pictures from ``BlockAllocator.inspect().snapshot()``
 (taken from the engine's own allocator between steps), routing from :mod:`servelab.routing`, and the
 measured numbers from engine runs the notebook makes. This module only arranges them. All builders return
 a ``plotly.graph_objects.Figure``; pass it to ``servelab.viz.show``.
@@ -46,7 +46,7 @@ def owner_colors(seq_ids: Sequence[Hashable]) -> dict[Hashable, str]:
 def _check_snapshot(snapshot: Mapping) -> None:
     for key in ("blocks", "sequences", "block_size", "num_blocks"):
         if key not in snapshot:
-            raise ValueError(f"snapshot lacks {key!r}: pass BlockAllocator.snapshot()")
+            raise ValueError(f"snapshot lacks {key!r}: pass BlockAllocator.inspect().snapshot()")
 
 
 def _block_style(block: Mapping, colors: Mapping[Hashable, str]) -> tuple[str, str, str]:

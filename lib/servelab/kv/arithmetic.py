@@ -3,13 +3,8 @@
 How many bytes one token of KV cache costs (``kv_bytes_per_token``), how many token slots a block
 allocator hands out for a set of sequences (``block_alloc_slots``: the gap between logical and allocated
 slots is internal fragmentation), how many physical blocks those sequences need with and without prefix
-sharing, and how KV heads split across tensor-parallel ranks.
-
-The block manager itself lives in :mod:`servelab.kv_allocator` (free list, refcounts, reservations,
-copy-on-write, prefix cache) with its read-only views in :mod:`servelab.kv_inspection`; this module
-re-exports its names, so ``from servelab.kv import BlockAllocator`` keeps working. No torch here.
-
-System boundary: plain integers in, plain integers out. Units are bytes, blocks or token slots as named.
+sharing, and how KV heads split across tensor-parallel ranks. Plain integers in and out; units are
+bytes, blocks or token slots as named. No torch here.
 """
 
 from __future__ import annotations
@@ -17,24 +12,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from servelab._validate import require_index, require_indices
-from servelab.kv_allocator import (BlockAllocator, BlockCopy, DoubleFreeError, OutOfBlocks, PromptAllocation,
-                                   blocks_for, prefix_block_key)
+from servelab.kv.prefix_cache import full_block_keys
 
 __all__ = [
+    "blocks_for",
     "kv_bytes_per_token",
     "block_alloc_slots",
     "physical_blocks_no_sharing",
     "physical_blocks_with_sharing",
     "kv_heads_per_tp_rank",
-    "prefix_block_key",
-    "full_block_keys",
-    "OutOfBlocks",
-    "DoubleFreeError",
-    "BlockCopy",
-    "PromptAllocation",
-    "BlockAllocator",
 ]
-__test__ = {"BlockAllocator": BlockAllocator}  # doctest.testmod(servelab.kv) also runs the allocator's example
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks needed to hold ``num_tokens`` slots (ceiling division)."""
+    return -(-num_tokens // block_size)
 
 
 def kv_bytes_per_token(n_layer: int, n_kv_head: int, d_head: int, bytes_per_elem: int) -> int:
@@ -79,17 +71,6 @@ def physical_blocks_no_sharing(lengths: Iterable[int], block_size: int) -> int:
     lengths = require_indices("lengths", lengths, 0)
     block_size = require_index("block_size", block_size, 1)
     return sum(blocks_for(n, block_size) for n in lengths)
-
-
-def full_block_keys(tokens: Sequence[int], block_size: int, namespace: str = "") -> list[bytes]:
-    """Chain keys (:func:`prefix_block_key`) of every *full* block of ``tokens``, the keys the prefix
-    cache indexes; a partial tail block gets no key."""
-    keys: list[bytes] = []
-    parent: bytes | None = None
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = prefix_block_key(parent, tokens[start : start + block_size], namespace)
-        keys.append(parent)
-    return keys
 
 
 def physical_blocks_with_sharing(token_sequences: Iterable[Sequence[int]], block_size: int) -> int:

@@ -2,48 +2,27 @@
 
 A fixed pool of ``num_blocks`` physical blocks of ``block_size`` token slots is handed out through
 per-sequence *block tables*; shared blocks carry a refcount; full blocks enter a prefix cache keyed by
-their exact token prefix (see :class:`BlockAllocator`). Read-only views (counts, tables, snapshots,
-owners, invariant checks) live beside it in :mod:`servelab.kv_inspection`; :mod:`servelab.kv` holds the
-byte arithmetic and re-exports every name here.
+their exact token prefix (see :class:`BlockAllocator`). Besides its mutating calls it answers a small
+read-only interface (counts, tables, refcounts); ``inspect()`` wraps that in a
+:class:`~servelab.kv.inspection.BlockPoolView` (sharing counts, owners, snapshots, invariant checks).
 
-System boundary: no tensors. It returns block ids and ``BlockCopy`` instructions; the engine moves the
-bytes and tracks how many tokens it has computed. Units are blocks or token slots.
+No tensors: it returns block ids and ``BlockCopy`` instructions; the engine moves the bytes and tracks
+how many tokens it has computed. Units are blocks or token slots.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from servelab._validate import require_id, require_index, require_indices, require_type
-from servelab.kv_inspection import BlockPoolInspection
+from servelab.kv.arithmetic import blocks_for
+from servelab.kv.inspection import BlockPoolView, SequenceBlocks
+from servelab.kv.prefix_cache import match_blocks, prefix_block_key
 
-__all__ = ["prefix_block_key", "blocks_for", "OutOfBlocks", "DoubleFreeError", "BlockCopy", "PromptAllocation",
-           "BlockAllocator"]
-
-
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    """Blocks needed to hold ``num_tokens`` slots (ceiling division)."""
-    return -(-num_tokens // block_size)
-
-
-def prefix_block_key(parent_key: bytes | None, block_tokens: Sequence[int], namespace: str = "") -> bytes:
-    """Content key of one full KV block: a SHA-256 chain over namespace, parent key and the block's tokens.
-
-    Two blocks get the same key exactly when their whole token prefix (every earlier block and this
-    one) is identical *and* the namespace matches, because the parent key already encodes everything
-    before. The namespace is the tenant/model/adapter salt: equal tokens under different namespaces
-    never share a key. ``parent_key`` is ``None`` for the first block of a sequence.
-    """
-    if parent_key is not None and not isinstance(parent_key, bytes):
-        raise TypeError(f"parent_key must be bytes or None, got {type(parent_key).__name__}")
-    require_type("namespace", namespace, str)
-    tokens = require_indices("block_tokens", block_tokens, 0, allow_empty=False)
-    parent = parent_key if parent_key is not None else b"<root>"
-    payload = b"\x00".join((namespace.encode("utf-8"), parent, ",".join(map(str, tokens)).encode("ascii")))
-    return hashlib.sha256(payload).digest()
+__all__ = ["OutOfBlocks", "DoubleFreeError", "BlockCopy", "PromptAllocation", "BlockAllocator"]
 
 
 class OutOfBlocks(RuntimeError):
@@ -101,7 +80,7 @@ class _PromptPlan:
     cached_tokens: int
 
 
-class BlockAllocator(BlockPoolInspection):
+class BlockAllocator:
     """Paged KV block manager: block tables, refcounts, reservations, copy-on-write and a prefix cache.
 
     * *allocated slots* (``num_tokens``): positions with a physical slot in the sequence's block table;
@@ -146,13 +125,93 @@ class BlockAllocator(BlockPoolInspection):
         self._reserved: dict[Hashable, int] = {}
         self._total_reserved = 0
 
+    # ------------------------------------------------------------------ read-only interface
+    @property
+    def num_blocks(self) -> int:
+        """Physical blocks in the pool."""
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        """Token slots per block."""
+        return self._block_size
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        """Whether full blocks are registered and matched in the prefix cache."""
+        return self._caching
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with refcount 0, including cached ones that a prefix hit could still revive."""
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks with refcount > 0."""
+        return self._num_blocks - len(self._free)
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        """Blocks promised by reservations and not yet physically allocated."""
+        return self._total_reserved
+
     @property
     def num_available_blocks(self) -> int:
         """Free blocks not promised to any reservation: headroom for new reservations or allocations."""
         return len(self._free) - self._total_reserved
 
-    # ------------------------------------------------------------------ reservations
+    def refcount(self, block: int) -> int:
+        """Number of block-table references to physical block ``block``."""
+        return self._refcount[require_index("block", block, 0, self._num_blocks - 1)]
 
+    def refcounts(self) -> tuple[int, ...]:
+        """Refcount of every physical block, by block id (a copy)."""
+        return tuple(self._refcount)
+
+    def is_free(self, block: int) -> bool:
+        """Whether physical block ``block`` is on the free list."""
+        return require_index("block", block, 0, self._num_blocks - 1) in self._free
+
+    def has_sequence(self, seq_id: Hashable) -> bool:
+        """True while ``seq_id`` has a block table (allocated and not yet freed)."""
+        return seq_id in self._seqs
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        """Copy of the sequence's block table: entry ``i`` is the physical block of logical block ``i``."""
+        return list(self._seq(seq_id).table)
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        """Token slots allocated to the sequence (not necessarily computed yet)."""
+        return self._seq(seq_id).num_tokens
+
+    def reserved_blocks(self, seq_id: Hashable) -> int:
+        """Blocks still reserved for ``seq_id`` (0 when it holds no reservation)."""
+        return self._reserved.get(seq_id, 0)
+
+    def sequence_blocks(self) -> dict[Hashable, SequenceBlocks]:
+        """Sequence id -> a copy of its record, for every sequence holding a block table."""
+        return {seq_id: SequenceBlocks(tuple(seq.table), seq.num_tokens, self._reserved.get(seq_id, 0),
+                                       None if seq.tail is None else len(seq.tail), len(seq.full_keys),
+                                       seq.num_published) for seq_id, seq in self._seqs.items()}
+
+    def reservations(self) -> Mapping[Hashable, int]:
+        """Sequence id -> blocks reserved for it (a read-only view)."""
+        return MappingProxyType(self._reserved)
+
+    def prefix_cache(self) -> Mapping[bytes, int]:
+        """Chain key -> physical block registered under it (a read-only view)."""
+        return MappingProxyType(self._cache)
+
+    def block_keys(self) -> Mapping[int, bytes]:
+        """Physical block -> the chain key it is registered under (a read-only view)."""
+        return MappingProxyType(self._key_of)
+
+    def inspect(self) -> BlockPoolView:
+        """A read-only view of this pool: sharing counts, owners, ``snapshot``, ``check_invariants``."""
+        return BlockPoolView(self)
+
+    # ------------------------------------------------------------------ reservations
     def reserve(self, seq_id: Hashable, num_blocks: int) -> bool:
         """Promise ``num_blocks`` future blocks to ``seq_id`` (bookkeeping only; adds to any earlier one).
 
@@ -175,7 +234,6 @@ class BlockAllocator(BlockPoolInspection):
         return released
 
     # ------------------------------------------------------------------ prefix lookup
-
     def lookup_prefix(self, token_ids: Sequence[int], namespace: str = "") -> int:
         """Prompt tokens a prefix hit would supply (whole blocks, at most ``len(token_ids) - 1``: the last
         prompt token is computed for the first sample's logits), as ``allocate_prompt`` would report."""
@@ -192,7 +250,6 @@ class BlockAllocator(BlockPoolInspection):
         return plan.fresh + len(plan.revived) + (1 if held_source else 0)
 
     # ------------------------------------------------------------------ allocation
-
     def allocate_prompt(self, seq_id: Hashable, token_ids: Sequence[int], namespace: str = "") -> PromptAllocation:
         """Create ``seq_id``'s block table with slots for the whole prompt, reusing cached prefix blocks.
 
@@ -308,7 +365,6 @@ class BlockAllocator(BlockPoolInspection):
         return sum(self._decref(block) for block in reversed(seq.table))
 
     # ------------------------------------------------------------------ internals: planning
-
     def _seq(self, seq_id: Hashable) -> _BlockTable:
         require_id("seq_id", seq_id)
         try:
@@ -323,17 +379,7 @@ class BlockAllocator(BlockPoolInspection):
 
     def _match(self, tokens: tuple[int, ...], namespace: str) -> list[int]:
         """Physical blocks of the longest run of leading full blocks found in the prefix cache."""
-        if not self._caching:
-            return []
-        matched: list[int] = []
-        parent: bytes | None = None
-        for start in range(0, len(tokens) - self._block_size + 1, self._block_size):
-            parent = prefix_block_key(parent, tokens[start : start + self._block_size], namespace)
-            block = self._cache.get(parent)
-            if block is None:
-                break
-            matched.append(block)
-        return matched
+        return match_blocks(self._cache, tokens, self._block_size, namespace) if self._caching else []
 
     def _plan_prompt(self, tokens: tuple[int, ...], namespace: str) -> _PromptPlan:
         matched = self._match(tokens, namespace)
@@ -372,7 +418,6 @@ class BlockAllocator(BlockPoolInspection):
                               f"for it; short by {short}")
 
     # ------------------------------------------------------------------ internals: mutation
-
     def _consume_reservation(self, seq_id: Hashable, blocks: int) -> None:
         own = self._reserved.get(seq_id, 0)
         used = min(own, blocks)

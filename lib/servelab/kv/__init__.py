@@ -1,0 +1,34 @@
+"""The KV cache: byte and block arithmetic, the paged block allocator, prefix-cache keys, a read-only
+view of the pool, and (torch) what evicting old tokens' KV does.
+
+* :mod:`~servelab.kv.arithmetic`: bytes per token, allocated vs logical slots, sharing counts, TP split.
+* :mod:`~servelab.kv.allocator`: ``BlockAllocator``, free list, refcounts, reservations, copy-on-write.
+* :mod:`~servelab.kv.prefix_cache`: chain keys of full blocks; block-hash vs radix-tree reuse.
+* :mod:`~servelab.kv.inspection`: ``BlockPoolView`` (``BlockAllocator.inspect()``): snapshots, checks.
+* :mod:`~servelab.kv.eviction`: dropping the oldest tokens' KV (imports torch; not re-exported here).
+"""
+
+from servelab.kv.allocator import BlockAllocator, BlockCopy, DoubleFreeError, OutOfBlocks, PromptAllocation
+from servelab.kv.arithmetic import (block_alloc_slots, blocks_for, kv_bytes_per_token, kv_heads_per_tp_rank,
+                                    physical_blocks_no_sharing, physical_blocks_with_sharing)
+from servelab.kv.inspection import BlockPoolState, BlockPoolView, SequenceBlocks
+from servelab.kv.prefix_cache import full_block_keys, prefix_block_key
+
+__all__ = [
+    "kv_bytes_per_token",
+    "blocks_for",
+    "block_alloc_slots",
+    "physical_blocks_no_sharing",
+    "physical_blocks_with_sharing",
+    "kv_heads_per_tp_rank",
+    "prefix_block_key",
+    "full_block_keys",
+    "OutOfBlocks",
+    "DoubleFreeError",
+    "BlockCopy",
+    "PromptAllocation",
+    "BlockAllocator",
+    "BlockPoolState",
+    "BlockPoolView",
+    "SequenceBlocks",
+]

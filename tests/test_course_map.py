@@ -1,0 +1,152 @@
+"""The architecture page's chapter -> module map and engine reading order, regenerated and held to the
+notebooks and the files: every chapter present, each chapter's imports listed, line counts exact."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import nbformat
+import pytest
+
+from servelab import course_map
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "book" / "architecture.md"
+BASE = "https://example.org/blob/main/"
+ROW = re.compile(r"^\| \{doc\}`\.\./notebooks/([\w-]+)` \| (.*) \|$", re.MULTILINE)
+LINK = re.compile(r"\[`([\w.]+)`\]\[([\w-]+)\]")
+DEFINITION = re.compile(r"^\[([\w-]+)\]: (\S+)$", re.MULTILINE)
+ORDER_ROW = re.compile(r"^\| (\d+) \| \[`([\w.]+)`\]\[([\w-]+)\] \| .* \| (\d+) \|$", re.MULTILINE)
+TOTAL_ROW = re.compile(r"^\| \| total \| \| \| (\d+) \|$", re.MULTILINE)
+IMPORT_LINE = re.compile(r"^[ \t]*(?:from[ \t]+(servelab[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]+)|import[ \t]+(servelab[\w.]*))",
+                         re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def page() -> str:
+    return course_map.with_course_map(PAGE.read_text(), ROOT, BASE)
+
+
+def definitions(text: str) -> dict[str, str]:
+    return dict(DEFINITION.findall(text))
+
+
+def repo_file(url: str) -> Path:
+    assert url.startswith(BASE), url
+    return ROOT / url[len(BASE):]
+
+
+def is_module(name: str) -> bool:
+    base = ROOT / "lib" / Path(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def imported_by_lines(path: Path) -> set[str]:
+    """The notebook's ``servelab`` imports found by scanning import lines (not ``ast``), shortened the
+    way the page prints them (``servelab.kv.eviction`` -> ``kv.eviction``): ``from M import a, b``
+    counts the names that are modules, and ``M`` itself unless every name is one."""
+    found = set()
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        for module, names, plain in IMPORT_LINE.findall(cell.source):
+            if plain:
+                found.add(plain)
+                continue
+            imported = [n.split()[0] for n in names.strip("()").replace("\n", " ").split(",") if n.strip()]
+            modules = [f"{module}.{n}" for n in imported if is_module(f"{module}.{n}")]
+            found.update(modules if len(modules) == len(imported) else [module, *modules])
+    return {m.split(".", 1)[1] if "." in m else m for m in found}
+
+
+def test_the_page_has_each_marker_once_and_the_build_replaces_them(page):
+    text = PAGE.read_text()
+    for marker in (course_map.CHAPTER_MAP_MARKER, course_map.READING_ORDER_MARKER):
+        assert text.count(marker) == 1
+        assert marker not in page
+
+
+def test_every_chapter_notebook_has_a_row(page):
+    expected = sorted(p.stem for p in (ROOT / "notebooks").glob("ch*.ipynb")) + ["appendix-a-checks"]
+    assert sorted(stem for stem, _ in ROW.findall(page)) == sorted(expected)
+
+
+def test_each_row_lists_the_modules_its_notebook_imports(page):
+    links = definitions(page)
+    for stem, cell in ROW.findall(page):
+        listed = [name for name, _ in LINK.findall(cell)]
+        assert len(listed) == len(set(listed)), stem
+        assert set(listed) == imported_by_lines(ROOT / "notebooks" / f"{stem}.ipynb"), stem
+        for _, label in LINK.findall(cell):
+            assert repo_file(links[label]).is_file(), label
+
+
+def test_the_kv_chapter_lists_the_kv_package_modules(page):
+    cell = dict(ROW.findall(page))["ch04-kv-cache"]
+    listed = {name for name, _ in LINK.findall(cell)}
+    assert {"kv", "kv.eviction", "kv.prefix_cache"} <= listed
+
+
+def test_reading_order_line_counts_are_the_files(page):
+    links = definitions(page)
+    rows = ORDER_ROW.findall(page)
+    assert [int(i) for i, *_ in rows] == list(range(1, len(course_map.ENGINE_STEP) + 1))
+    counts = []
+    for _, module, label, lines in rows:
+        path = repo_file(links[label])
+        assert path == course_map.module_path(f"servelab.{module}", ROOT)
+        assert int(lines) == len(path.read_text().splitlines())
+        counts.append(int(lines))
+    assert len({module for _, module, _, _ in rows}) == len(rows), "a file listed twice"
+    (total,) = TOTAL_ROW.findall(page)
+    assert int(total) == sum(counts)
+
+
+def servelab_imports(module: str) -> set[str]:
+    """Modules (and package names) ``module``'s source imports from ``servelab``, by ``ast``."""
+    tree = ast.parse(course_map.module_path(module, ROOT).read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servelab"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("servelab"))
+    return {m for m in found if course_map.module_path(m, ROOT).is_file()}
+
+
+def test_every_reading_stop_is_reached_from_the_engine():
+    reached, todo = set(), ["servelab.engine.engine"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo.extend(servelab_imports(module))
+    assert {module for module, _, _ in course_map.ENGINE_STEP} <= reached
+
+
+def test_a_listed_object_that_moved_fails_the_build(monkeypatch):
+    monkeypatch.setattr(course_map, "ENGINE_STEP", (("servelab.engine.engine", ("LLMEngine.no_such",), "x"),))
+    with pytest.raises(AttributeError):
+        course_map.engine_reading_order(ROOT)
+
+
+def test_the_book_extension_fills_the_architecture_page():
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import servelab_book
+
+    noted = []
+    app = SimpleNamespace(srcdir=str(ROOT), env=SimpleNamespace(note_dependency=noted.append),
+                          config=SimpleNamespace(html_theme_options={"repository_url": "https://example.org",
+                                                                     "repository_branch": "main"}))
+    source = [PAGE.read_text()]
+    servelab_book.add_course_map(app, "book/architecture", source)
+    assert course_map.CHAPTER_MAP_MARKER not in source[0] and ORDER_ROW.search(source[0])
+    assert {Path(p).stem for p in noted} >= {"ch04-kv-cache", "appendix-a-checks"}
+    other = ["% servelab: chapter module map"]
+    servelab_book.add_course_map(app, "book/glossary", other)
+    assert other == ["% servelab: chapter module map"]
