@@ -6,7 +6,8 @@ import random
 import pytest
 
 from servelab.engine import bench
-from servelab.engine.floor_bench import bench_floor, format_floor, smollm2_random
+from servelab.engine.floor_bench import bench_floor, decode_floor_rows, format_floor, smollm2_random
+from servelab.roofline.measured import Roofline
 from servelab.model import load_checkpoint, load_tokenizer
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
 
@@ -42,3 +43,20 @@ def test_smollm2_random_has_the_real_shape():
 def test_threads_flag_only_for_the_named_model():
     with pytest.raises(SystemExit):
         bench.main(["--threads", "2", "--quick"])
+
+
+def test_decode_floor_rows_place_each_step_on_the_roofline():
+    model, tokenizer = load_checkpoint(None), load_tokenizer(None)
+    roof = Roofline(read_bandwidth=1e10, peak_flops={"float32": 1e11}, op_overhead_s=1e-6, threads=1)
+    ticks = iter(range(10**6))  # a fake clock: every timed step takes exactly 1 "second"
+    rows = decode_floor_rows(model, tokenizer, roof, random.Random(0), (1, 4), 8, 3, clock=lambda: next(ticks))
+    assert [(r["batch"], r["step_s"]) for r in rows] == [(1, 1), (4, 1)]
+    assert rows[1]["per_token_s"] == pytest.approx(0.25)
+    for row in rows:
+        floors = row["floor_s"]
+        assert row["fraction_of_floor"] == pytest.approx(max(floors.values()))  # floor over a 1-second step
+        assert floors["overhead"] == pytest.approx(row["ops"] * 1e-6)
+        assert row["achieved_flops"] == pytest.approx(floors["compute"] * 1e11)  # FLOPs done in 1 second
+        assert row["achieved_bytes_per_s"] == pytest.approx(floors["memory"] * 1e10)
+        assert row["intensity_flop_per_byte"] == pytest.approx(row["achieved_flops"] / row["achieved_bytes_per_s"])
+    assert rows[1]["intensity_flop_per_byte"] > 3 * rows[0]["intensity_flop_per_byte"]  # the weights are shared

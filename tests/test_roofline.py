@@ -62,6 +62,11 @@ def test_median_seconds_respects_repeat_bounds():
     assert len(calls) == 5  # one warm-up, then max_repeats
 
 
+def test_median_seconds_reads_the_clock_it_is_given():
+    ticks = iter(range(0, 1000, 2))  # every call of fn takes exactly 2 "seconds" on this clock
+    assert median_seconds(lambda: None, budget_s=0.01, min_repeats=3, max_repeats=3, clock=lambda: next(ticks)) == 2
+
+
 def test_count_ops_counts_dispatched_operators():
     x = torch.ones(4)
     assert count_ops(lambda: x + 1) == 1

@@ -154,6 +154,15 @@ def test_roofline_figure_names_ridges_and_points_in_the_legend():
         vm.roofline_figure({})
 
 
+def test_measured_roofline_places_points_where_they_ran_and_reaches_down_to_them():
+    fig = vm.measured_roofline_figure({"CPU": (80e9, 15e9)}, {"slow step": (0.5, 1e6), "fast step": (4.0, 3e10)})
+    assert [t.name for t in fig.data] == ["CPU roof", "CPU ridge I* = 5.3", "slow step", "fast step"]
+    assert (fig.data[2].x[0], fig.data[2].y[0]) == (0.5, 1e6)  # achieved, not the roof above it (7.5e9)
+    assert min(fig.data[1].y) == 1e6  # the ridge line reaches the lowest point
+    with pytest.raises(ValueError):
+        vm.measured_roofline_figure({"CPU": (80e9, 15e9)}, {})
+
+
 def test_roofline_slider_one_frame_per_batch_with_fixed_axis():
     batches = [1, 8, 64]
     fig = vm.roofline_batch_slider_figure(A100, {"70B": (BIG, 512, 512)}, batches)

@@ -7,8 +7,11 @@ only on shapes), this machine's roofline (:mod:`servelab.roofline`), then the en
 ``max(bytes / bandwidth, FLOPs / peak, ops x overhead)``. "Fraction of floor" is the floor over the measured
 step (1.0 = at the floor).
 
-System boundary: this process on the CPU, float32, ``threads`` torch threads; wall-clock medians. Timings
-on a shared machine are noisy: the JSON keeps the load average at the start beside them.
+:func:`decode_floor_rows` is the engine part on any model, for the chapters' notebooks.
+
+System boundary: this process on the CPU, float32, ``threads`` torch threads; wall-clock medians unless a
+``clock`` is given (the notebooks pass :func:`time.thread_time` at one thread). Timings on a shared machine
+are noisy: the JSON keeps the load average at the start beside them.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from servelab.engine.engine import LLMEngine
 from servelab.model import load_tokenizer
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
-from servelab.roofline.measured import count_ops, decode_floor, measure_roofline
+from servelab.roofline import decode_cost
+from servelab.roofline.measured import Clock, Roofline, count_ops, decode_floor, measure_roofline, model_shape
 
-__all__ = ["bench_floor", "format_floor", "run_smollm2", "smollm2_random"]
+__all__ = ["bench_floor", "decode_floor_rows", "format_floor", "gemv_only_s", "median_step_s", "run_smollm2",
+           "smollm2_random"]
 
 
 def smollm2_random(seed: int = 0) -> LlamaForCausalLM:
@@ -36,21 +41,22 @@ def smollm2_random(seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(LlamaConfig.from_hf_dict(SMOLLM2_135M_CONFIG)).eval()
 
 
-def median_step_s(engine: LLMEngine, steps: int) -> float:
-    """Median wall-clock seconds of ``steps`` pure decode steps of a :func:`decoding_engine`."""
+def median_step_s(engine: LLMEngine, steps: int, clock: Clock = time.perf_counter) -> float:
+    """Median seconds on ``clock`` (default wall clock) of ``steps`` pure decode steps of a
+    :func:`decoding_engine`."""
     times = []
     for _ in range(steps):
-        start = time.perf_counter()
+        start = clock()
         engine.step()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
 @torch.inference_mode()
-def gemv_only_s(model: LlamaForCausalLM, steps: int) -> float:
-    """Median seconds of every matrix of one batch-1 decode step and nothing else: ``x @ W.T`` for each
-    linear layer's weight and the LM head, one after another. What torch's own GEMVs reach here bounds
-    the engine from below more tightly than the bandwidth probe does."""
+def gemv_only_s(model: LlamaForCausalLM, steps: int, clock: Clock = time.perf_counter) -> float:
+    """Median seconds on ``clock`` (default wall clock) of every matrix of one batch-1 decode step and
+    nothing else: ``x @ W.T`` for each linear layer's weight and the LM head, one after another. What
+    torch's own GEMVs reach here bounds the engine from below more tightly than the bandwidth probe does."""
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     x = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
 
@@ -60,9 +66,9 @@ def gemv_only_s(model: LlamaForCausalLM, steps: int) -> float:
 
     times = []
     for _ in range(steps):
-        start = time.perf_counter()
+        start = clock()
         run()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
@@ -79,19 +85,36 @@ def hf_decode_step_s(hf, prompt: list[list[int]], steps: int) -> float:
     return statistics.median(times)
 
 
-def bench_floor(model, tokenizer, hf, rng, batch_sizes: tuple[int, ...], context: int, steps: int) -> dict:
-    """The engine's decode step at each batch size against its roofline floor, and ``generate``'s
-    per-token step at batch 1 (:func:`hf_decode_step_s`), on this machine; ``context`` prompt tokens each."""
-    roof = measure_roofline()
+def decode_floor_rows(model: LlamaForCausalLM, tokenizer, roof: Roofline, rng: random.Random,
+                      batch_sizes: tuple[int, ...], context: int, steps: int,
+                      clock: Clock = time.perf_counter) -> list[dict]:
+    """The engine's decode step at each batch size against its floor on ``roof``: per row the median
+    step on ``clock`` (``step_s``, seconds; use the clock ``roof`` was measured on), its share per
+    sequence (``per_token_s``), the operators it dispatches, its three floors (seconds), its bound and
+    fraction of floor, and where it sits on the roofline: arithmetic intensity (FLOP/byte) and the FLOP/s
+    and bytes/s the measured step achieved.
+    Every sequence holds ``context`` prompt tokens (plus the two a timed step has already decoded)."""
     rows = []
     for batch in batch_sizes:
         engine = decoding_engine(model, tokenizer, batch, context, steps + 2, rng)
         ops = count_ops(engine.step)
-        step_s = median_step_s(engine, steps)
+        step_s = median_step_s(engine, steps, clock)
         floor = decode_floor(model, roof, context + 2, batch, ops)
-        rows.append({"batch": batch, "context_tokens": context, "step_s": step_s, "ops": ops,
-                     "floor_s": {"memory": floor.memory_s, "compute": floor.compute_s, "overhead": floor.overhead_s},
-                     "bound": floor.bound, "fraction_of_floor": floor.fraction_of(step_s)})
+        cost = decode_cost(model_shape(model), context + 2, batch)
+        rows.append({"batch": batch, "context_tokens": context, "step_s": step_s, "per_token_s": step_s / batch,
+                     "ops": ops, "floor_s": {"memory": floor.memory_s, "compute": floor.compute_s,
+                                             "overhead": floor.overhead_s},
+                     "bound": floor.bound, "fraction_of_floor": floor.fraction_of(step_s),
+                     "intensity_flop_per_byte": cost.intensity, "achieved_flops": cost.flops / step_s,
+                     "achieved_bytes_per_s": cost.bytes / step_s})
+    return rows
+
+
+def bench_floor(model, tokenizer, hf, rng, batch_sizes: tuple[int, ...], context: int, steps: int) -> dict:
+    """The engine's decode step at each batch size against its roofline floor, and ``generate``'s
+    per-token step at batch 1 (:func:`hf_decode_step_s`), on this machine; ``context`` prompt tokens each."""
+    roof = measure_roofline()
+    rows = decode_floor_rows(model, tokenizer, roof, rng, batch_sizes, context, steps)
     hf_step = hf_decode_step_s(hf, random_prompts(rng, 1, context, context, model.config.vocab_size), steps)
     hf_floor = decode_floor(model, roof, context, 1, 0)
     gemv_s = gemv_only_s(model, steps)

@@ -32,14 +32,19 @@ from servelab._validate import require_int, require_real
 from servelab.roofline import analytic
 from servelab.roofline.analytic import ModelShape, decode_cost
 
-__all__ = ["Roofline", "StepFloor", "count_ops", "decode_floor", "measure_matmul_flops", "measure_op_overhead",
+Clock = Callable[[], float]
+"""Seconds, as :func:`time.perf_counter` (wall clock, the default) or :func:`time.thread_time` (CPU seconds
+of the calling thread: other processes on a shared machine do not inflate it, but it sees only the work
+on this thread, so use it with ``torch.set_num_threads(1)``)."""
+
+__all__ = ["Clock", "Roofline", "StepFloor", "count_ops", "decode_floor", "measure_matmul_flops", "measure_op_overhead",
            "measure_read_bandwidth", "measure_roofline", "median_seconds", "model_shape"]
 
 
 def median_seconds(fn: Callable[[], object], budget_s: float = 0.3, min_repeats: int = 3,
-                   max_repeats: int = 10_000) -> float:
-    """Median wall-clock seconds of ``fn()`` over as many repeats as ``budget_s`` allows (one warm-up call
-    first; at least ``min_repeats``, at most ``max_repeats``)."""
+                   max_repeats: int = 10_000, clock: Clock = time.perf_counter) -> float:
+    """Median seconds of ``fn()`` on ``clock`` over as many repeats as ``budget_s`` (wall clock) allows
+    (one warm-up call first; at least ``min_repeats``, at most ``max_repeats``)."""
     budget = require_real("budget_s", budget_s, 0.0, strict_min=True)
     low = require_int("min_repeats", min_repeats, minimum=1)
     high = require_int("max_repeats", max_repeats, minimum=low)
@@ -47,21 +52,22 @@ def median_seconds(fn: Callable[[], object], budget_s: float = 0.3, min_repeats:
     times: list[float] = []
     deadline = time.perf_counter() + budget
     while len(times) < low or (time.perf_counter() < deadline and len(times) < high):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
-def measure_read_bandwidth(nbytes: int = 256 << 20, budget_s: float = 0.3) -> float:
+def measure_read_bandwidth(nbytes: int = 256 << 20, budget_s: float = 0.3, clock: Clock = time.perf_counter) -> float:
     """Read bandwidth in bytes/s: ``sum`` over a float32 tensor of ``nbytes`` (reads every byte once,
     writes one number). Use a tensor much larger than the last-level cache (the default is 256 MiB)."""
     count = require_int("nbytes", nbytes, minimum=4) // 4
     data = torch.ones(count, dtype=torch.float32)
-    return count * 4 / median_seconds(data.sum, budget_s)
+    return count * 4 / median_seconds(data.sum, budget_s, clock=clock)
 
 
-def measure_matmul_flops(dtype: torch.dtype = torch.float32, size: int = 1024, budget_s: float = 0.3) -> float:
+def measure_matmul_flops(dtype: torch.dtype = torch.float32, size: int = 1024, budget_s: float = 0.3,
+                         clock: Clock = time.perf_counter) -> float:
     """Peak matmul rate in FLOP/s: ``size x size`` by ``size x size`` in ``dtype`` (``2 * size**3`` FLOPs),
     large enough to be compute-bound on a CPU."""
     n = require_int("size", size, minimum=16)
@@ -69,10 +75,10 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, size: int = 1024, b
         raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype}")
     a = torch.randn(n, n, generator=torch.Generator().manual_seed(0)).to(dtype)
     b = torch.randn(n, n, generator=torch.Generator().manual_seed(1)).to(dtype)
-    return 2 * n ** 3 / median_seconds(lambda: a @ b, budget_s)
+    return 2 * n ** 3 / median_seconds(lambda: a @ b, budget_s, clock=clock)
 
 
-def measure_op_overhead(budget_s: float = 0.2, batch: int = 100) -> float:
+def measure_op_overhead(budget_s: float = 0.2, batch: int = 100, clock: Clock = time.perf_counter) -> float:
     """Seconds of one empty operator: an in-place add of 0 to a one-element tensor, called ``batch`` times
     per timed repeat (a single call is too short to time), so all that is left is dispatch."""
     calls = require_int("batch", batch, minimum=1)
@@ -82,7 +88,7 @@ def measure_op_overhead(budget_s: float = 0.2, batch: int = 100) -> float:
         for _ in range(calls):
             x.add_(0.0)
 
-    return median_seconds(run, budget_s) / calls
+    return median_seconds(run, budget_s, clock=clock) / calls
 
 
 class _OpCounter(TorchDispatchMode):
@@ -166,12 +172,14 @@ class Roofline:
                 "ridge_point_flop_per_byte": {d: self.ridge_point(d) for d in self.peak_flops}}
 
 
-def measure_roofline(budget_s: float = 0.3, bandwidth_bytes: int = 256 << 20, matmul_size: int = 1024) -> Roofline:
-    """All three probes at torch's current thread count (about ``4 * budget_s`` seconds in all)."""
-    return Roofline(read_bandwidth=measure_read_bandwidth(bandwidth_bytes, budget_s),
-                    peak_flops={name: measure_matmul_flops(dtype, matmul_size, budget_s)
+def measure_roofline(budget_s: float = 0.3, bandwidth_bytes: int = 256 << 20, matmul_size: int = 1024,
+                     clock: Clock = time.perf_counter) -> Roofline:
+    """All three probes at torch's current thread count, timed on ``clock`` (about ``4 * budget_s`` seconds
+    in all, more where one bfloat16 matmul of ``matmul_size`` alone takes longer than ``budget_s``)."""
+    return Roofline(read_bandwidth=measure_read_bandwidth(bandwidth_bytes, budget_s, clock),
+                    peak_flops={name: measure_matmul_flops(dtype, matmul_size, budget_s, clock)
                                 for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))},
-                    op_overhead_s=measure_op_overhead(budget_s * 2 / 3),
+                    op_overhead_s=measure_op_overhead(budget_s * 2 / 3, clock=clock),
                     threads=torch.get_num_threads())
 
 

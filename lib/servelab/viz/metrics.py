@@ -8,7 +8,8 @@ return a ``plotly.graph_objects.Figure``; pass it to ``servelab.viz.core.show``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -21,6 +22,7 @@ from servelab.viz.core import slider_figure
 __all__ = [
     "latency_percentile_figure",
     "load_sweep_figure",
+    "measured_roofline_figure",
     "roofline_batch_slider_figure",
     "roofline_figure",
     "roofline_phase_figure",
@@ -207,15 +209,38 @@ def roofline_figure(devices: Mapping[str, tuple[float, float]],
     arithmetic intensity (FLOP/byte), placed on the first device's roof. An upper bound, not a
     latency prediction.
     """
-    ridges = _check_devices(devices)
     kernels = dict(kernels or {})
-    grid = _intensity_grid([*ridges.values(), *kernels.values()])
-    fig = go.Figure([_ceiling_trace(name, *spec, grid) for name, spec in devices.items()])
+    fig = _roofs(devices, kernels.values())
     peak, bandwidth = next(iter(devices.values()))
-    floor = min(float(grid[0]) * b for _, b in devices.values())
-    fig.add_traces(_ridge_traces(ridges, (floor, max(p for p, _ in devices.values()))))
     for name, intensity in kernels.items():
         fig.add_trace(_point_trace(name, intensity, roofline.attainable_flops(intensity, peak, bandwidth)))
+    return _roofline_layout(fig)
+
+
+def _roofs(devices: Mapping[str, tuple[float, float]], intensities: Iterable[float],
+           lowest_flops: float = math.inf) -> go.Figure:
+    """Every device's roof over a grid spanning its ridge and ``intensities``, with its ridge line drawn
+    down to ``lowest_flops`` (FLOP/s) or the lowest roof, whichever is lower."""
+    ridges = _check_devices(devices)
+    grid = _intensity_grid([*ridges.values(), *intensities])
+    fig = go.Figure([_ceiling_trace(name, *spec, grid) for name, spec in devices.items()])
+    floor = min(lowest_flops, *(float(grid[0]) * b for _, b in devices.values()))
+    fig.add_traces(_ridge_traces(ridges, (floor, max(p for p, _ in devices.values()))))
+    return fig
+
+
+def measured_roofline_figure(devices: Mapping[str, tuple[float, float]],
+                             measured: Mapping[str, tuple[float, float]]) -> go.Figure:
+    """Roofs and ridge points of ``devices`` (``name -> (peak FLOP/s, bytes/s)``, as in
+    :func:`roofline_figure`) with measured steps placed where they ran: ``measured`` maps a name to
+    ``(arithmetic intensity FLOP/byte, achieved FLOP/s)``. The gap between a point and the roof above it
+    is what that step left unused."""
+    if not measured:
+        raise ValueError("measured must name at least one (intensity, achieved FLOP/s) point")
+    fig = _roofs(devices, [i for i, _ in measured.values()], min(f for _, f in measured.values()))
+    for name, (intensity, flops) in measured.items():
+        fig.add_trace(_point_trace(name, intensity, flops,
+                                   f"{name}: I = %{{x:.3g}} FLOP/B, %{{y:.3g}} FLOP/s measured<extra></extra>"))
     return _roofline_layout(fig)
 
 
