@@ -170,10 +170,9 @@ def test_the_word_patterns_catch_what_they_must():
 
 MAX_CODE_RUN = 40
 HIDDEN_INPUT = {"remove-input", "hide-input", "remove-cell"}
-WALLS_OF_CODE = {  # chapter notebooks not yet broken up by prose; the test fails once one is fixed
-    "ch01-request-lifecycle",
-    "ch08-from-scratch",
-}
+# §8 builds an engine from scratch, and its MiniEngine class alone is one 54-line cell that cannot be split
+# without changing the code; the strict xfail fails once §8 is broken up
+WALLS_OF_CODE = {"ch08-from-scratch"}
 
 
 def shown_code_runs(nb: nbformat.NotebookNode) -> list[tuple[int, int]]:
