@@ -16,7 +16,9 @@ from servelab.questions.__main__ import main as cli
 from servelab.questions.bank import load_raw, validate_raw
 from servelab.questions.design import DesignAssumptions, design_rows, solve_design
 from servelab.questions.export import export_assignment, read_markdown, read_notebook
-from servelab.questions.render import chapter_link, label_defined, question_myst, section_heading, tier_myst
+from servelab.questions.render import (
+    chapter_link, expand_question_sets, label_defined, question_myst, section_heading, tier_heading, tier_myst,
+)
 from servelab.kv import block_alloc_slots
 from servelab.sampling import best_of_n_kv_tokens, softmax, support, top_k_filter, top_p_filter
 from servelab.streaming import StopStringBuffer
@@ -76,6 +78,10 @@ def test_pipeline_set_and_design_exercise_are_present():
     assert [d.id for d in BANK.design_exercises] == ["D1"]
 
 
+def _pipeline(data: dict) -> list[dict]:
+    return [q for q in data["questions"] if q["set"] == "pipeline"]
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
@@ -85,6 +91,8 @@ def test_pipeline_set_and_design_exercise_are_present():
         (lambda d: d["questions"][0].update(tier="L7"), "tier 'L7'"),
         (lambda d: d["questions"][1].update(id="Q1"), "repeated question/exercise ids"),
         (lambda d: [q.update(tier="L1") for q in d["questions"] if q["tier"] == "L3"], "tiers without a core question"),
+        (lambda d: _pipeline(d)[0].update(tier="L2"), "must list its questions tier by tier"),
+        (lambda d: _pipeline(d)[4].update(id="P50"), "must number its questions 1..15 in file order"),
     ],
 )
 def test_validation_rejects_broken_banks(mutate, message):
@@ -345,6 +353,40 @@ def test_interview_notebook_renders_every_question():
     myst_cells = [c for c in nb.cells if "tier_view(bank" in c.source or "design_exercise_view(" in c.source]
     assert myst_cells and all(c.metadata["mystnb"]["markdown_format"] == "myst" for c in myst_cells)
     assert "design_exercises[0]" in code
+
+
+def _ids_under_headings(text: str, question: str) -> list[tuple[str, str]]:
+    """(text of the nearest heading above, question id) for every question ``question`` matches."""
+    pairs, heading = [], None
+    for line in text.splitlines():
+        if re.match(r"#{1,6} ", line):
+            heading = line.lstrip("#").strip()
+        pairs += [(heading, qid) for qid in re.findall(question, line)]
+    return pairs
+
+
+BANK_ORDER = [(tier_heading(BANK.tier(q.tier)), q.id) for q in BANK.questions]
+
+
+def test_chapter_page_shows_every_question_in_bank_order_under_its_tier_heading():
+    page = (ROOT / "book" / "ch09-interview.md").read_text(encoding="utf-8")
+    expanded = expand_question_sets(page, BANK, ROOT)
+    assert "{servelab-questions}" not in expanded
+    assert _ids_under_headings(expanded, r"^````\{exercise\} ([QP]\d+) · ") == BANK_ORDER
+    # every answer is a solution directive, so SERVELAB_SOLUTIONS=0 (hide_solutions) removes it
+    assert expanded.count("````{solution} ch09-") == len(BANK.questions) and "<details>" not in expanded
+    assert not re.search(r"^:label: ch09-nb-", expanded, re.MULTILINE)
+
+
+def test_interview_notebook_shows_every_question_in_bank_order_under_its_tier_heading():
+    nb = nbformat.read(str(ROOT / "notebooks" / "ch09-interview.ipynb"), as_version=4)
+    shown = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            shown.append(cell.source)
+        elif "tier_view(bank" in cell.source:
+            shown += [o["data"]["text/markdown"] for o in cell.outputs if "text/markdown" in o.get("data", {})]
+    assert _ids_under_headings("\n".join(shown), r"^\*\*([QP]\d+) · ") == BANK_ORDER
 
 
 def test_every_question_has_a_rubric_with_points_per_idea():

@@ -98,6 +98,15 @@ def test_table_from_dicts_formats_escapes_and_aligns():
     assert text.splitlines()[0] == "demo" and "0.12" in text
 
 
+def test_table_writes_booleans_as_words():
+    import numpy as np
+
+    t = core.table([{"same": True, "flag": np.bool_(False), "kept": 1}], formats={"kept": lambda v: str(v == 1)})
+    html = t._repr_html_()
+    assert '<td class="txt">yes</td><td class="txt">no</td>' in html and "True" in html  # formats win
+    assert "True" not in repr(core.table([{"same": True}]))
+
+
 def test_table_from_sequences_needs_columns_of_the_right_width():
     assert "x" in core.table([[1, "x"]], columns=["n", "s"])._repr_html_()
     with pytest.raises(ValueError, match="columns are required"):

@@ -25,6 +25,9 @@
    (:func:`servelab.nbrun.run_notebook`, ``SERVELAB_NOTEBOOK_LIMIT_S``, default 600 s): jupyter-cache's
    in-process executor is replaced, so a notebook that hangs is killed with its kernel, and the build
    fails with a warning naming the notebook and the cell it was running.
+10. ``{servelab-questions} SET`` blocks (the §9 page) are replaced, before MyST reads the page, by
+   the question bank's set ``SET`` under a heading per tier
+   (:func:`servelab.questions.render.expand_question_sets`).
 8. The chapters count from 0 (the state machine is chapter 0): Sphinx numbers a toctree from 1, so
    after it has assigned section numbers every number's first component is lowered by one. Only the
    "Chapters" part of ``_toc.yml`` is numbered, so every numbered page is a chapter page.
@@ -258,6 +261,15 @@ def add_course_map(app: Sphinx, docname: str, source: list[str]) -> None:
         app.env.note_dependency(str(notebook))
 
 
+def expand_questions(app: Sphinx, docname: str, source: list[str]) -> None:
+    """Put the question bank's sets on the pages that ask for them with ``{servelab-questions} SET``."""
+    from servelab.questions import load_bank
+    from servelab.questions.render import QUESTION_SET, expand_question_sets
+
+    if QUESTION_SET.search(source[0]):
+        source[0] = expand_question_sets(source[0], load_bank(), Path(app.srcdir))
+
+
 NOTEBOOK_LIMIT_ENV = "SERVELAB_NOTEBOOK_LIMIT_S"
 NOTEBOOK_LIMIT_S = 600
 
@@ -305,6 +317,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("env-get-updated", chapters_from_zero, priority=900)  # after the toctree collector
     app.connect("source-read", add_colab_link)
     app.connect("source-read", add_course_map)
+    app.connect("source-read", expand_questions)
     app.connect("build-finished", copy_plotly_js)
     app.connect("build-finished", copy_mathjax)
     app.connect("html-page-context", drop_duplicate_scripts, priority=900)  # after the others

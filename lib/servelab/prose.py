@@ -8,7 +8,9 @@ A page that pastes a computed value into a sentence must not print ``True``, ``1
 * :func:`listed` for a list in a sentence ("a, b and c"; "none" when empty);
 * :func:`rounded` for a float with only the significant digits a claim needs.
 
-``browser_tests/test_book_text.py`` fails on the built book when prose shows a boolean or "(s)".
+:func:`servelab.viz.core.table` writes a boolean cell with :func:`yes_no`.
+``browser_tests/test_book_text.py`` fails on the built book when prose shows a boolean or "(s)", and
+``tests/test_notebook_text.py`` on the committed outputs of the chapter notebooks.
 """
 
 from __future__ import annotations

@@ -361,7 +361,7 @@ def summary_rows(result: dict) -> list[tuple[str, str]]:
         ("batch 1: transformers generate", tps(b1["tokens_per_s"]["transformers_generate"])),
         ("batch 1: engine vs generate", times(b1["engine_vs_generate"])),
         ("batch 1: engine vs no KV cache", times(b1["engine_vs_no_cache"])),
-        ("batch 1: the three produce the same tokens", str(b1["outputs_agree"])),
+        ("batch 1: the three produce the same tokens", prose.yes_no(b1["outputs_agree"])),
         ("32 skewed requests: engine", tps(sk["tokens_per_s"]["engine"])),
         ("32 skewed requests: generate, one padded batch", tps(sk["tokens_per_s"]["transformers_generate_static"])),
         ("32 skewed requests: no KV cache, one at a time", tps(sk["tokens_per_s"]["no_kv_cache"])),
@@ -376,7 +376,7 @@ def summary_rows(result: dict) -> list[tuple[str, str]]:
         ("long prompt arrives: max ITL of streams, chunked", ms(cp["max_itl_s_chunked"] * 1e3)),
         ("long prompt arrives: its TTFT, unchunked", ms(cp["long_prompt_ttft_s_unchunked"] * 1e3)),
         ("long prompt arrives: its TTFT, chunked", ms(cp["long_prompt_ttft_s_chunked"] * 1e3)),
-        *((f"one decode step, {rows} sequence(s) of ~{sc['context_tokens']} tokens", f"{t * 1e3:.2f} ms cpu")
+        *((f"one decode step, {prose.count(int(rows), 'sequence')} of ~{sc['context_tokens']} tokens", f"{t * 1e3:.2f} ms cpu")
           for rows, t in sc["step_s"].items()),
     ]
 

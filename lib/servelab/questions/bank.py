@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -247,9 +248,27 @@ def _cross_field_problems(data: dict[str, Any]) -> list[str]:
     core = [q["id"] for q in data["questions"] if q["set"] == CORE_SET]
     if core != list(CORE_IDS):
         problems.append(f"set {CORE_SET!r} must hold exactly {CORE_IDS[0]}..{CORE_IDS[-1]} in order, got {core}")
+    problems.extend(_set_order_problems(data, tier_ids, set_ids))
     unused = [t for t in tier_ids if not any(q["tier"] == t for q in data["questions"] if q["set"] == CORE_SET)]
     if unused:
         problems.append(f"tiers without a core question: {unused}")
+    return problems
+
+
+def _set_order_problems(data: dict[str, Any], tier_ids: list[str], set_ids: list[str]) -> list[str]:
+    """Each set lists its questions tier by tier, numbered 1, 2, ... in file order (P1..P15), so the
+    pages that show a set under tier headings show it in bank order."""
+    problems = []
+    for set_id in set_ids:
+        questions = [q for q in data["questions"] if q["set"] == set_id]
+        ranks = [tier_ids.index(q["tier"]) for q in questions if q["tier"] in tier_ids]
+        if ranks != sorted(ranks):
+            problems.append(f"set {set_id!r} must list its questions tier by tier, got "
+                            f"{[(q['id'], q['tier']) for q in questions]}")
+        numbers = [int(re.sub(r"\D", "", q["id"]) or 0) for q in questions]
+        if numbers != list(range(1, len(questions) + 1)):
+            problems.append(f"set {set_id!r} must number its questions 1..{len(questions)} in file order, "
+                            f"got {[q['id'] for q in questions]}")
     return problems
 
 

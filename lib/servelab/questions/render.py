@@ -1,10 +1,13 @@
 """Turn bank entries into Markdown: MyST for the book's §9 page, plain Markdown for notebooks and exports.
 
-Book page: each question is a sphinx-exercise ``exercise`` directive and its answer a ``solution``
+Book pages: each question is a sphinx-exercise ``exercise`` directive and its answer a ``solution``
 directive with ``:class: dropdown``, so the answer stays folded until opened and disappears entirely
 when the book is built with solutions hidden (sphinx-exercise's ``hide_solutions``, the switch
-described on the instructor page). The notebook that builds the page displays this MyST with the
-cell metadata ``{"mystnb": {"markdown_format": "myst"}}`` so myst-nb parses the directives.
+described on the instructor page). The §9 chapter page holds ``{servelab-questions} SET`` blocks that
+the book's extension expands (:func:`expand_question_sets`) into a heading per tier and that tier's
+questions. The §9 notebook displays the same MyST with the cell metadata
+``{"mystnb": {"markdown_format": "myst"}}`` so myst-nb parses the directives; its labels carry their
+own prefix so the two pages never define the same label.
 
 Jupyter and Colab do not know MyST, so the same notebook cells display a :class:`BankView`: during
 the book build (``servelab.viz.core.in_book_build``) it is the MyST above, everywhere else plain
@@ -24,7 +27,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.questions.bank import Answer, Bank, DesignExercise, Question
+from servelab.questions.bank import Answer, Bank, DesignExercise, Question, Tier
 from servelab.questions.design import DesignResult, design_table_markdown
 from servelab.viz.core import in_book_build
 
@@ -39,15 +42,20 @@ __all__ = [
     "tier_view",
     "chapter_link",
     "design_exercise_myst",
+    "expand_question_sets",
     "find_book_root",
     "label_defined",
     "question_myst",
     "section_heading",
+    "set_page_myst",
     "SectionHeading",
+    "tier_heading",
     "tier_myst",
 ]
 
 FENCE = "````"  # four backticks: answers may contain ``` code blocks of their own
+PAGE_LABELS = "ch09"           # labels of the questions on the chapter page: ch09-q1, ch09-q1-answer
+NOTEBOOK_LABELS = "ch09-nb"    # the notebook page shows the same questions; labels must not repeat
 
 
 def answer_markdown(answer: Answer) -> str:
@@ -158,9 +166,10 @@ def chapter_link(question: Question, root: Path | None, page_dir: str = "noteboo
     return text
 
 
-def question_myst(question: Question, root: Path | None, page_dir: str = "notebooks") -> str:
+def question_myst(question: Question, root: Path | None, page_dir: str = "notebooks",
+                  label_prefix: str = PAGE_LABELS) -> str:
     """One question as an ``exercise`` directive followed by its ``solution`` dropdown."""
-    label = f"ch09-{question.id.lower()}"
+    label = f"{label_prefix}-{question.id.lower()}"
     links = (
         f"**Read and run.** {chapter_link(question, root, page_dir)} · "
         f"`{question.code}`"
@@ -173,12 +182,39 @@ def question_myst(question: Question, root: Path | None, page_dir: str = "notebo
     )
 
 
-def tier_myst(bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir: str = "notebooks") -> str:
+def tier_myst(bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir: str = "notebooks",
+              label_prefix: str = PAGE_LABELS) -> str:
     """Every question of ``set_id`` in tier ``tier_id``, preceded by the tier's description."""
     tier = bank.tier(tier_id)
     questions = bank.select(tiers=[tier_id], set_id=set_id)
-    body = "\n".join(question_myst(q, root, page_dir) for q in questions)
+    body = "\n".join(question_myst(q, root, page_dir, label_prefix) for q in questions)
     return f"*{tier.blurb}*\n\n{body}"
+
+
+def tier_heading(tier: Tier) -> str:
+    """A tier's heading text, e.g. "L1 · Must-know"."""
+    return f"{tier.id} · {tier.title}"
+
+
+def set_page_myst(bank: Bank, set_id: str, root: Path | None, level: int = 3) -> str:
+    """Every question of ``set_id`` for the chapter page: a heading per tier, questions in bank order."""
+    sections = [
+        f"{'#' * level} {tier_heading(tier)}\n\n{tier_myst(bank, tier.id, set_id, root, 'book')}"
+        for tier in bank.tiers if bank.select(tiers=[tier.id], set_id=set_id)
+    ]
+    return "\n".join(sections)
+
+
+QUESTION_SET = re.compile(r"^```\{servelab-questions\} ([\w-]+)[ \t]*\n```[ \t]*$", re.MULTILINE)
+
+
+def expand_question_sets(page: str, bank: Bank, root: Path | None) -> str:
+    """``page`` with every ``{servelab-questions} SET`` block replaced by :func:`set_page_myst`.
+
+    The book's extension applies this to a page's source before MyST parses it, so §9 shows the bank
+    itself; nothing of it is pasted into the page.
+    """
+    return QUESTION_SET.sub(lambda match: set_page_myst(bank, match.group(1), root), page)
 
 
 def design_exercise_myst(exercise: DesignExercise, result: DesignResult) -> str:
@@ -262,7 +298,7 @@ class BankView:
 def tier_view(bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir: str = "notebooks") -> BankView:
     """The tier's questions for a notebook cell (see :class:`BankView`)."""
     count = len(bank.select(tiers=[tier_id], set_id=set_id))
-    return BankView(tier_myst(bank, tier_id, set_id, root, page_dir),
+    return BankView(tier_myst(bank, tier_id, set_id, root, page_dir, NOTEBOOK_LABELS),
                     tier_notebook(bank, tier_id, set_id, root, page_dir),
                     f"{count} questions, tier {tier_id}, set {set_id}")
 

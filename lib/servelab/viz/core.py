@@ -28,10 +28,12 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.utils import PlotlyJSONEncoder
 
+from servelab.prose import yes_no
 from servelab.viz.ticks import label_log_axes
 
 __all__ = [
@@ -324,6 +326,8 @@ def tidy_slider_layout(fig: go.Figure) -> go.Figure:
 
 def _cell_text(value: Any, fmt: str | Callable[[Any], str] | None) -> str:
     if fmt is None:
+        if isinstance(value, (bool, np.bool_)):
+            return yes_no(value)
         if isinstance(value, float):
             return f"{value:.4g}"
         return "" if value is None else str(value)
@@ -363,7 +367,7 @@ def table(rows: Sequence[Mapping[str, Any]] | Sequence[Sequence[Any]], *,
     """A :class:`Table` from computed rows: dicts (their keys give the columns) or sequences.
 
     ``formats`` maps a column to a format spec (``".2f"``) or a function; unformatted floats show
-    four significant digits. A column whose values are all numbers is right-aligned.
+    four significant digits and unformatted booleans read "yes" or "no". A column whose values are all numbers is right-aligned.
     """
     rows = list(rows)
     if not rows:
