@@ -76,9 +76,9 @@ _SUMMED = ("blocks_freed", "reservation_released", "slots_released", "swap_relea
 class LedgerTotals:
     """Exact totals over every terminal record a :class:`Ledger` was given, kept or dropped.
 
-    ``requests``: records appended; ``by_state``: of those, per terminal state. Token fields sum
-    ``Usage`` (tokens); ``blocks_freed``, ``reservation_released`` (blocks), ``slots_released`` and
-    ``swap_released`` (blocks) sum what the cleanups released.
+    ``requests``: records appended; ``by_state``: of those, per terminal state. The token fields sum
+    each record's ``Usage`` (tokens); ``blocks_freed``, ``reservation_released`` and ``swap_released``
+    (blocks) and ``slots_released`` (batch slots) sum what the cleanups released.
     """
 
     requests: int
