@@ -3,6 +3,7 @@ requests or steps is within its bound, and the ledger's totals are exact over al
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 
 import pytest
@@ -90,3 +91,16 @@ def test_thousands_of_short_requests_leave_every_store_within_its_bound(model, t
     assert ended.by_state == {RequestState.FINISHED: reasons["length"], RequestState.CANCELLED: reasons["cancelled"]}
     assert ended.prompt_tokens == prompt_tokens
     assert ended.generated_tokens == ended.emitted_tokens == emitted
+
+
+def test_an_ended_request_is_freed_by_refcounting_not_left_to_the_cyclic_gc(model, tokenizer):
+    engine = LLMEngine(model, tokenizer, config(trace_steps=0, ledger_size=10))
+    prompts = make_prompts(3, 8)
+    engine.generate(prompts, SHORT)  # warm-up: whatever the first run builds once
+    gc.collect()
+    gc.disable()
+    try:
+        engine.generate(prompts * 20, [SHORT, SamplingParams(temperature=0.8, max_tokens=3, n=2, seed=1)] * 80)
+        assert gc.collect() == 0  # no request, sequence or detokenizer left behind in a reference cycle
+    finally:
+        gc.enable()

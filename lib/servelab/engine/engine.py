@@ -401,7 +401,9 @@ class LLMEngine:
 
     def _end(self, request: EngineRequest, reason: str, detail: str = "", at: float | None = None) -> RequestOutput:
         """The one terminal path: finish the text of every unfinished sample with ``reason``, release every sequence
-        through ``Scheduler.release``, write the request's one terminal record.
+        through ``Scheduler.release``, write the request's one terminal record, and let go of the sequences
+        (``request.seqs`` is emptied, so the ended request and its sequences are freed as soon as nothing
+        else holds them, not at the next full garbage collection).
 
         ``at`` is the end time when the caller already read the clock for it.
         """
@@ -418,7 +420,9 @@ class LLMEngine:
             reservation_released=sum(r.reservation for r in released), slots_released=sum(r.slots for r in released),
             swap_released=sum(r.swap for r in released)))
         del self._requests[request.request_id]
-        return request_output(request.request_id, request.seqs, reason)
+        output = request_output(request.request_id, request.seqs, reason)
+        request.seqs = []  # break the request <-> sequence cycle: refcounting, not the cyclic GC, frees both
+        return output
 
     # ------------------------------------------------------------------------------------------ helpers
 
