@@ -13,8 +13,10 @@ request, and the gate's rate limit would only slow the run.
 It reads resident memory (``VmRSS`` from ``/proc/self/status``, bytes) at 50 evenly spaced points,
 prints every tenth, and fits a least-squares line to the points of the second half (after the warm-up and
 after the bounded stores -- the ledger's window, the ring buffers -- have filled): the slope in bytes per
-request is the leak rate. **Flat** means a slope below :data:`FLAT_BYTES_PER_REQUEST`; a ledger that keeps
-every record grows by about 1 KB per request, one that keeps only every id ever used by about 100 bytes.
+request is the leak rate. **Flat** means a slope below :data:`FLAT_BYTES_PER_REQUEST`. What it catches, as
+measured on a shared 2-core AMD EPYC (torch 2.13 CPU, 20,000 requests, a 1,000-record ledger window:
+``data/soak_cpu_side_by_side.json``): a ledger that remembered every request id ever used, plus requests
+freed only by the cyclic garbage collector, came to about 186 bytes per request; without either, 6.
 The JSON result (default ``data/soak_cpu.json``) records the hardware, the load and every point.
 
 System boundary: one process; memory is the whole process's (Python objects, torch's allocations,
