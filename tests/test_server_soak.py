@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from servelab.engine import LLMEngine
-from servelab.server.soak import POINTS, rss_bytes, slope_bytes_per_request, soak
+from servelab.server.soak import DEFAULT_OUT, FLAT_BYTES_PER_REQUEST, POINTS, rss_bytes, slope_bytes_per_request, soak
 
 from test_engine import config, model, tokenizer  # noqa: F401 (fixtures)
 
@@ -40,3 +42,16 @@ def test_soak_refuses_bad_sizes(model, tokenizer):
         soak(requests=10, engine=LLMEngine(model, tokenizer, config()))
     with pytest.raises(ValueError, match="concurrency"):
         soak(requests=100, concurrency=0, engine=LLMEngine(model, tokenizer, config()))
+    with pytest.raises(ValueError, match="concurrency"):  # above ServerConfig.max_waiting: the bridge refuses
+        soak(requests=100, concurrency=65, engine=LLMEngine(model, tokenizer, config()))
+
+
+def test_the_committed_soak_is_flat_by_its_own_points():
+    saved = json.loads(DEFAULT_OUT.read_text())
+    points = [(p["requests"], p["rss"]) for p in saved["rss_bytes"]]
+    requests = saved["load"]["requests"]
+    assert points[-1][0] == requests == saved["ledger_totals"]["requests"] == saved["finish_reasons"]["length"]
+    slope = slope_bytes_per_request([p for p in points if p[0] >= requests // 2])
+    assert slope == pytest.approx(saved["slope_bytes_per_request_second_half"])
+    assert saved["flat"] and abs(slope) < FLAT_BYTES_PER_REQUEST
+    assert saved["hardware"]["cpu"] and saved["hardware"]["torch"]

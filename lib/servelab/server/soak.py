@@ -42,7 +42,7 @@ from servelab.server.app import ServerConfig
 from servelab.server.bridge import EngineBridge
 from servelab.server.metrics import ServerMetrics
 
-__all__ = ["FLAT_BYTES_PER_REQUEST", "rss_bytes", "slope_bytes_per_request", "soak", "main"]
+__all__ = ["FLAT_BYTES_PER_REQUEST", "DEFAULT_OUT", "rss_bytes", "slope_bytes_per_request", "soak", "main"]
 
 FLAT_BYTES_PER_REQUEST = 20.0
 """The flat criterion: a second-half slope under this many bytes per request."""
@@ -97,11 +97,11 @@ def soak(requests: int = 100_000, concurrency: int = 16, max_tokens: int = 3, en
          echo: Callable[[str], None] = print) -> dict:
     """Run the soak (see the module docstring); returns the JSON-ready result. ``engine``: default the
     shipped model as the server's main builds it (tracing off); ``echo`` prints the checkpoints."""
+    config = ServerConfig()
     require_int("requests", requests, POINTS)
-    require_int("concurrency", concurrency, 1)
+    require_int("concurrency", concurrency, 1, config.max_waiting)  # more would be refused as Overloaded
     require_int("max_tokens", max_tokens, 1)
     engine = LLMEngine.from_pretrained(trace_steps=0) if engine is None else engine
-    config = ServerConfig()
     every = requests // POINTS
     points: list[tuple[int, int]] = []
     start = time.perf_counter()
