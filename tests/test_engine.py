@@ -671,8 +671,13 @@ def test_tracing_off_still_reports_admissions_and_the_ledger_stays_bounded(model
         ended += [o.request_id for o in outputs if o.finished]
     assert sorted(admitted) == sorted(ids) and len(engine.trace) == 0 and engine.num_steps > 0
     assert [r.request_id for r in engine.ledger.records] == ended[-2:]  # only the most recent records kept
-    assert engine.ledger.counts == {RequestState.FINISHED: 4}
+    assert engine.stats().ended.by_state == {RequestState.FINISHED: 4}  # totals cover the dropped records
     assert engine.state(ended[-1]) is RequestState.FINISHED
-    with pytest.raises(ValueError, match="already in use"):  # a dropped record's id is still taken
-        engine.add_request(prompts[0], GREEDY, request_id=ended[0])
+    with pytest.raises(ValueError, match="already in use"):  # an id in the window is still taken
+        engine.add_request(prompts[0], GREEDY, request_id=ended[-1])
+    with pytest.raises(KeyError, match="unknown"):  # an id whose record left the window is forgotten ...
+        engine.cancel(ended[0])
+    assert engine.add_request(prompts[0], GREEDY, request_id=ended[0]) == ended[0]  # ... and may be used again
+    while engine.has_unfinished():
+        engine.step()
     assert engine.allocator.num_used_blocks == 0 and engine.slots.in_use == 0

@@ -19,7 +19,10 @@ from servelab._validate import require_int
 if TYPE_CHECKING:
     from servelab.lifecycle import RequestState
 
-__all__ = ["Usage", "TerminalRecord", "Ledger"]
+__all__ = ["Usage", "TerminalRecord", "LedgerTotals", "Ledger"]
+
+
+_USAGE_FIELDS = ("prompt_tokens", "generated_tokens", "emitted_tokens", "cached_prompt_tokens")  # summed
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,7 @@ class Usage:
     committed_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("prompt_tokens", "generated_tokens", "emitted_tokens", "cached_prompt_tokens",
-                     "committed_tokens"):
+        for name in (*_USAGE_FIELDS, "committed_tokens"):
             require_int(name, getattr(self, name), 0)
         if self.emitted_tokens > self.generated_tokens:
             raise ValueError(
@@ -67,41 +69,81 @@ class TerminalRecord:
     swap_released: int
 
 
-class Ledger:
-    """Thread-safe ledger of terminal records: at most one per request id.
+_SUMMED = ("blocks_freed", "reservation_released", "slots_released", "swap_released")
 
-    ``max_records`` bounds what is kept (the most recent records; None keeps all), so a long-running
-    engine's memory stays flat. The ids that already have a record and the counts per terminal state
-    are kept for every request, so the duplicate-id check and ``counts`` never forget.
+
+@dataclass(frozen=True)
+class LedgerTotals:
+    """Exact totals over every terminal record a :class:`Ledger` was given, kept or dropped.
+
+    ``requests``: records appended; ``by_state``: of those, per terminal state. The token fields sum
+    each record's ``Usage`` (tokens); ``blocks_freed``, ``reservation_released`` and ``swap_released``
+    (blocks) and ``slots_released`` (batch slots) sum what the cleanups released.
     """
 
-    def __init__(self, max_records: int | None = None) -> None:
-        if max_records is not None:
-            require_int("max_records", max_records, 0)
+    requests: int
+    by_state: dict[RequestState, int]
+    prompt_tokens: int
+    generated_tokens: int
+    emitted_tokens: int
+    cached_prompt_tokens: int
+    blocks_freed: int
+    reservation_released: int
+    slots_released: int
+    swap_released: int
+
+
+class Ledger:
+    """Thread-safe ledger of terminal records with bounded memory: a window of the most recent
+    ``max_records`` records (a ``deque``) for inspection, and exact running totals (:meth:`totals`)
+    over every record ever appended.
+
+    Duplicate-id guarantee: :meth:`append` refuses a record whose ``request_id`` already has one among
+    the kept (last ``max_records``) records. An id whose record has left the window is forgotten: it may
+    be appended again, and :meth:`has` / :meth:`get` no longer know it. (``LLMEngine`` refuses a new
+    request whose id is live or in this window; ``max_records=0`` keeps no record and checks nothing.)
+    Memory is O(``max_records``), whatever the number of requests.
+    """
+
+    def __init__(self, max_records: int = 10_000) -> None:
+        require_int("max_records", max_records, 0)
         self._records: deque[TerminalRecord] = deque(maxlen=max_records)
         self._by_id: dict[Hashable, TerminalRecord] = {}  # the kept records, by id
-        self._ids: set[Hashable] = set()
         self._counts: Counter[RequestState] = Counter()
+        self._sums: Counter[str] = Counter()
         self._lock = threading.Lock()
 
+    @property
+    def max_records(self) -> int:
+        """The window: most records kept."""
+        return self._records.maxlen
+
     def append(self, record: TerminalRecord) -> None:
-        """Add ``record``; ValueError if its request already has a record."""
+        """Add ``record`` to the totals and the window; ValueError if its request has a kept record."""
         if not isinstance(record, TerminalRecord):
             raise TypeError(f"record must be a TerminalRecord, got {type(record).__name__}")
         with self._lock:
-            if record.request_id in self._ids:
+            if record.request_id in self._by_id:
                 raise ValueError(f"request_id {record.request_id!r} already has a terminal record")
-            if self._records.maxlen is not None and len(self._records) == self._records.maxlen and self._records:
-                del self._by_id[self._records[0].request_id]
-            self._ids.add(record.request_id)
-            self._counts[record.state] += 1
-            if self._records.maxlen != 0:
-                self._records.append(record)
-                self._by_id[record.request_id] = record
+            self._count(record)
+            if self.max_records == 0:
+                return
+            if len(self._records) == self.max_records:
+                del self._by_id[self._records.popleft().request_id]
+            self._records.append(record)
+            self._by_id[record.request_id] = record
+
+    def _count(self, record: TerminalRecord) -> None:
+        self._counts[record.state] += 1
+        self._sums["requests"] += 1
+        for name in _USAGE_FIELDS:
+            self._sums[name] += getattr(record.usage, name)
+        for name in _SUMMED:
+            self._sums[name] += getattr(record, name)
 
     def has(self, request_id: Hashable) -> bool:
-        """True when ``request_id`` already has its terminal record (kept or not)."""
-        return request_id in self._ids
+        """True when ``request_id`` has a record in the window (see the duplicate-id guarantee)."""
+        return request_id in self._by_id
 
     def get(self, request_id: Hashable) -> TerminalRecord:
         """The kept terminal record of ``request_id``; KeyError naming it when there is none."""
@@ -110,15 +152,17 @@ class Ledger:
         except KeyError:
             raise KeyError(f"request_id {request_id!r} has no kept terminal record") from None
 
-    @property
-    def counts(self) -> dict[RequestState, int]:
-        """Requests ended so far per terminal state (every request, kept or not)."""
-        return dict(self._counts)
+    def totals(self) -> LedgerTotals:
+        """Exact totals over every record appended so far (kept or not)."""
+        with self._lock:
+            sums = {name: self._sums[name] for name in ("requests", *_USAGE_FIELDS, *_SUMMED)}
+            return LedgerTotals(by_state=dict(self._counts), **sums)
 
     @property
     def records(self) -> tuple[TerminalRecord, ...]:
         """The kept records, in the order the requests ended."""
-        return tuple(self._records)
+        with self._lock:
+            return tuple(self._records)
 
     def __len__(self) -> int:
         return len(self._records)

@@ -59,8 +59,9 @@ class EngineConfig:
         trace_steps: tracing: keep a :class:`~servelab.engine.trace.StepRecord` of each of the last
             ``trace_steps`` steps in ``LLMEngine.trace`` (a ring buffer); 0 turns tracing off and costs
             nothing per step (what the server runs with).
-        ledger_size: terminal records kept in ``LLMEngine.ledger`` (the most recent ones; counts per
-            state and the ids already used are kept for every request).
+        ledger_size: terminal records kept in ``LLMEngine.ledger`` (a window of the most recent ones; its
+            totals stay exact over every request). A new request id is refused while a request with it is
+            live or among these last ``ledger_size`` ended ones; older ids are forgotten (memory stays flat).
     """
 
     block_size: int = 16

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from servelab.engine.outputs import RequestOutput
+from servelab.ledger import LedgerTotals
 from servelab.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -21,12 +22,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EngineStats:
     """The engine's load between two steps: sequences per scheduler queue, and the fraction of KV blocks
-    in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free)."""
+    in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free); ``ended``: the
+    ledger's exact totals over every request that has ended (:class:`~servelab.ledger.LedgerTotals`)."""
 
     num_running: int
     num_waiting: int
     num_swapped: int
     kv_cache_usage: float
+    ended: LedgerTotals
 
 
 def stream(engine: "LLMEngine", prompt: str | list[int], params: SamplingParams, **kwargs) -> Iterator[str]:

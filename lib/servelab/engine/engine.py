@@ -159,7 +159,8 @@ class LLMEngine:
     def state(self, request_id: str) -> RequestState:
         """The request's lifecycle state now (``servelab.lifecycle.RequestState``): read off the
         scheduler's state of its sequences while it runs, its terminal record's once it has ended.
-        KeyError for an id this engine never issued (or whose record the bounded ledger dropped)."""
+        KeyError for an id this engine does not know: never issued, or ended more than
+        ``config.ledger_size`` requests ago (its record left the ledger's window)."""
         request = self._requests.get(request_id)
         if request is not None:
             return lifecycle_state(request)
@@ -197,15 +198,17 @@ class LLMEngine:
     # ------------------------------------------------------------------------------------------ controls
 
     def stats(self) -> EngineStats:
-        """Sequences running, waiting and swapped out now, and the KV pool's used fraction (what the
-        server's ``/metrics`` and its queue limit read: public questions, not the scheduler's lists)."""
+        """Sequences running, waiting and swapped out now, the KV pool's used fraction (what the server's
+        ``/metrics`` and its queue limit read: public questions, not the scheduler's lists), and the exact
+        totals of every ended request (the ledger's, not its bounded window)."""
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
-                           self.allocator.num_used_blocks / self.allocator.num_blocks)
+                           self.allocator.num_used_blocks / self.allocator.num_blocks, self.ledger.totals())
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request; its final output (``finish_reason="cancelled"``) comes from the next step.
 
-        Returns False when it had already ended. Raises KeyError for an id this engine never issued.
+        Returns False when it had already ended. Raises KeyError for an id this engine does not know (never
+        issued, or its record left the ledger's window).
         """
         request = self._live(request_id)
         if request is None:
@@ -409,7 +412,9 @@ class LLMEngine:
 
     def _end(self, request: EngineRequest, reason: str, detail: str = "", at: float | None = None) -> RequestOutput:
         """The one terminal path: finish the text of every unfinished sample with ``reason``, release every sequence
-        through ``Scheduler.release``, write the request's one terminal record.
+        through ``Scheduler.release``, write the request's one terminal record, and let go of the sequences
+        (``request.seqs`` is emptied, so the ended request and its sequences are freed as soon as nothing
+        else holds them, not at the next full garbage collection).
 
         ``at`` is the end time when the caller already read the clock for it.
         """
@@ -426,19 +431,22 @@ class LLMEngine:
             reservation_released=sum(r.reservation for r in released), slots_released=sum(r.slots for r in released),
             swap_released=sum(r.swap for r in released)))
         del self._requests[request.request_id]
-        return request_output(request.request_id, request.seqs, reason)
+        output = request_output(request.request_id, request.seqs, reason)
+        request.seqs = []  # break the request <-> sequence cycle: refcounting, not the cyclic GC, frees both
+        return output
 
     # ------------------------------------------------------------------------------------------ helpers
 
     def _live(self, request_id: str) -> EngineRequest | None:
-        """The request if it has not ended; None if it has; KeyError for an id this engine never issued."""
+        """The request if it has not ended; None if it has (within the ledger's window); KeyError otherwise."""
         request = self._requests.get(request_id)
         if request is None and not self.ledger.has(request_id):
             raise KeyError(f"request_id {request_id!r} is unknown to this engine")
         return request
 
     def _id_in_use(self, seq_or_request_id: str) -> bool:
-        """True for a live or ended request's id and for the sample sequence ids of a live request."""
+        """True for a live request's id, an ended one's still in the ledger's window (the last
+        ``config.ledger_size``), and the sample sequence ids of a live request."""
         if seq_or_request_id in self._requests or self.ledger.has(seq_or_request_id):
             return True
         request = self._requests.get(seq_or_request_id.rpartition("/")[0])

@@ -30,7 +30,8 @@ TERMINAL_STATE = {"stop": RequestState.FINISHED, "length": RequestState.FINISHED
 @dataclass(eq=False)
 class EngineRequest:
     """One request: its samples' sequences. Before the fork only ``seqs[0]`` is scheduled; it holds a
-    batch slot for every sibling."""
+    batch slot for every sibling. ``seqs`` is emptied when the request ends (``LLMEngine._end``), so the
+    request and its sequences do not keep each other alive."""
 
     request_id: str
     seqs: list[Sequence] = field(default_factory=list)

@@ -8,7 +8,8 @@ error middleware; its knobs in :mod:`~servelab.server.config`) with the request 
 bridge (:mod:`~servelab.server.bridge`: the bounded queue, the one thread that owns the engine,
 cancellation and backpressure). What happens inside
 is exported at ``GET /metrics`` (:mod:`~servelab.server.metrics`, Prometheus, vLLM's metric names);
-:mod:`~servelab.server.demo` holds what §1 and §2 show of it. Start it with
+:mod:`~servelab.server.demo` holds what §1 and §2 show of it; :mod:`~servelab.server.soak` checks that its
+memory stays flat over many requests. Start it with
 ``python -m servelab.server [--host 127.0.0.1] [--port 8000]``; in tests and notebooks use
 :class:`BackgroundServer`.
 """
