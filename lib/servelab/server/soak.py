@@ -38,7 +38,7 @@ from servelab._validate import require_int
 from servelab.engine import EngineConfig, LLMEngine
 from servelab.engine.bench import DATA_DIR, hardware
 from servelab.sampling import SamplingParams
-from servelab.server.app import ServerConfig
+from servelab.server.config import ServerConfig
 from servelab.server.bridge import EngineBridge
 from servelab.server.metrics import ServerMetrics
 
