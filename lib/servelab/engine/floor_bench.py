@@ -3,9 +3,10 @@
 ``python -m servelab.engine.bench --model smollm2-135m [--quick] [--threads N] [--out PATH]`` runs
 :func:`run_smollm2`: a random-weight model with SmolLM2-135M's exact configuration (the speed regime depends
 only on shapes), this machine's roofline (:mod:`servelab.roofline`), then the engine's decode step at batch
-1, 8 and 32 and ``transformers`` ``generate``'s per-token step at batch 1, each set against
+1 and 8 and ``transformers`` ``generate``'s per-token step at batch 1, each set against
 ``max(bytes / bandwidth, FLOPs / peak, ops x overhead)``. "Fraction of floor" is the floor over the measured
-step (1.0 = at the floor).
+step (1.0 = at the floor). Then 32 requests with skewed output lengths: the engine vs ``generate`` on one
+padded batch (:func:`~servelab.engine.bench.bench_skewed`, without the no-KV-cache loop).
 
 System boundary: this process on the CPU, float32, ``threads`` torch threads; wall-clock medians. Timings
 on a shared machine are noisy: the JSON keeps the load average at the start beside them.
@@ -19,7 +20,7 @@ import time
 
 import torch
 
-from servelab.engine.bench import (SMOLLM2_135M, decoding_engine, hardware, hardware_line, hf_generate,
+from servelab.engine.bench import (SMOLLM2_135M, bench_skewed, decoding_engine, hardware, hardware_line,
                                    random_prompts, to_transformers)
 from servelab.engine.engine import LLMEngine
 from servelab.model import load_tokenizer
@@ -113,12 +114,13 @@ def run_smollm2(threads: int = 2, quick: bool = False) -> dict:
     model = smollm2_random()
     hf = to_transformers(model)
     start = time.perf_counter()
-    section = bench_floor(model, load_tokenizer(None), hf, rng, (1, 4) if quick else (1, 8), 32,
-                          4 if quick else 10)
+    tokenizer = load_tokenizer(None)
+    section = bench_floor(model, tokenizer, hf, rng, (1, 4) if quick else (1, 8), 32, 4 if quick else 10)
+    skewed = bench_skewed(model, tokenizer, hf, rng, 32, (4, 12), (48, 64), 1 if quick else 2, no_cache=False)
     return {"hardware": machine, "model": {"name": SMOLLM2_135M, "weights": "random (seed 0)",
                                               "parameters": sum(p.numel() for p in model.parameters()),
                                               "config": model.config.to_hf_dict()},
-            "quick": quick, "seconds_total": time.perf_counter() - start, "floor": section}
+            "quick": quick, "seconds_total": time.perf_counter() - start, "floor": section, "skewed_32": skewed}
 
 
 def format_floor(result: dict) -> str:
@@ -140,4 +142,10 @@ def format_floor(result: dict) -> str:
     hf = floor["transformers_batch1"]
     lines.append(f"transformers generate, batch 1: {hf['step_s'] * 1e3:.1f} ms per token, "
                  f"{hf['fraction_of_floor']:.0%} of the memory floor; engine {floor['engine_vs_generate_batch1']:.2f}x")
+    sk = result.get("skewed_32")  # absent from a bare bench_floor section
+    if sk:
+        lines.append(f"32 skewed requests ({sk['output_tokens']} tokens): engine {sk['tokens_per_s']['engine']:.0f} "
+                     f"tok/s, "
+                     f"generate on one padded batch {sk['tokens_per_s']['transformers_generate_static']:.0f} tok/s; "
+                     f"engine {sk['engine_vs_generate']['wall']:.2f}x wall, {sk['engine_vs_generate']['cpu']:.2f}x cpu")
     return "\n".join(lines)
