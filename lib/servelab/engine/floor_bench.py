@@ -17,12 +17,12 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
 from servelab.engine.bench import (SMOLLM2_135M, bench_skewed, decoding_engine, hardware, hardware_line,
                                    random_prompts, to_transformers)
-from servelab.engine.engine import LLMEngine
 from servelab.model import load_tokenizer
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
@@ -37,67 +37,71 @@ def smollm2_random(seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(LlamaConfig.from_hf_dict(SMOLLM2_135M_CONFIG)).eval()
 
 
-def median_step_s(engine: LLMEngine, steps: int) -> float:
-    """Median wall-clock seconds of ``steps`` pure decode steps of a :func:`decoding_engine`."""
-    times = []
+def round_robin_medians(steps: int, fns: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Median wall-clock seconds of one call of each of ``fns``, over ``steps`` rounds of one call each: a
+    burst of outside load on a shared machine hits every system alike, not only the one measured then."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(steps):
-        start = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-@torch.inference_mode()
-def gemv_only_s(model: LlamaForCausalLM, steps: int) -> float:
-    """Median seconds of every matrix of one batch-1 decode step and nothing else: ``x @ W.T`` for each
-    linear layer's weight and the LM head, one after another. What torch's own GEMVs reach here bounds
-    the engine from below more tightly than the bandwidth probe does."""
+def gemv_only(model: LlamaForCausalLM) -> Callable[[], None]:
+    """Every matrix of one batch-1 decode step and nothing else: ``x @ W.T`` for each linear layer's weight
+    and the LM head, one after another. What torch's own GEMVs reach here bounds the engine from below
+    more tightly than the bandwidth probe does."""
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     x = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
 
+    @torch.inference_mode()
     def run() -> None:
         for w in weights:
             x[w.shape[1]] @ w.T
 
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return run
 
 
-@torch.inference_mode()
-def hf_decode_step_s(hf, prompt: list[list[int]], steps: int) -> float:
-    """Median wall-clock seconds of one ``transformers`` decode forward pass with its KV cache (batch 1,
-    greedy token fed back), after the prompt's prefill: the per-token step ``generate`` repeats."""
-    out = hf(torch.tensor(prompt, device=hf.device), use_cache=True)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
+def hf_decode_step(hf, prompt: list[list[int]]) -> Callable[[], None]:
+    """One ``transformers`` decode forward pass with its KV cache per call (batch 1, greedy token fed
+    back), after the prompt's prefill: the per-token step ``generate`` repeats."""
+    with torch.inference_mode():
+        out = hf(torch.tensor(prompt, device=hf.device), use_cache=True)
+
+    @torch.inference_mode()
+    def step() -> None:
+        nonlocal out
         out = hf(out.logits[:, -1:].argmax(-1), cache=out.cache, use_cache=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    return step
 
 
 def bench_floor(model, tokenizer, hf, rng, batch_sizes: tuple[int, ...], context: int, steps: int) -> dict:
-    """The engine's decode step at each batch size against its roofline floor, and ``generate``'s
-    per-token step at batch 1 (:func:`hf_decode_step_s`), on this machine; ``context`` prompt tokens each."""
+    """The engine's decode step at each batch size against its roofline floor; at batch 1, round-robin with
+    ``generate``'s per-token step (:func:`hf_decode_step`) and the bare GEMVs (:func:`gemv_only`), so
+    their ratios are measured side by side (``batch_sizes`` must include 1); ``context`` prompt tokens each."""
     roof = measure_roofline()
-    rows = []
+    rows, batch1 = [], {}
     for batch in batch_sizes:
         engine = decoding_engine(model, tokenizer, batch, context, steps + 2, rng)
         ops = count_ops(engine.step)
-        step_s = median_step_s(engine, steps)
+        fns = {"engine": engine.step}
+        if batch == 1:
+            fns |= {"transformers": hf_decode_step(hf, random_prompts(rng, 1, context, context, model.config.vocab_size)),
+                    "gemv_only": gemv_only(model)}
+        medians = round_robin_medians(steps, fns)
+        if batch == 1:
+            batch1 = medians
         floor = decode_floor(model, roof, context + 2, batch, ops)
-        rows.append({"batch": batch, "context_tokens": context, "step_s": step_s, "ops": ops,
+        rows.append({"batch": batch, "context_tokens": context, "step_s": medians["engine"], "ops": ops,
                      "floor_s": {"memory": floor.memory_s, "compute": floor.compute_s, "overhead": floor.overhead_s},
-                     "bound": floor.bound, "fraction_of_floor": floor.fraction_of(step_s)})
-    hf_step = hf_decode_step_s(hf, random_prompts(rng, 1, context, context, model.config.vocab_size), steps)
+                     "bound": floor.bound, "fraction_of_floor": floor.fraction_of(medians["engine"])})
     hf_floor = decode_floor(model, roof, context, 1, 0)
-    gemv_s = gemv_only_s(model, steps)
     gemv_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
                      if isinstance(m, torch.nn.Linear))
+    gemv_s, hf_step = batch1["gemv_only"], batch1["transformers"]
     return {"roofline": roof.to_dict(), "engine": rows,
             "gemv_only_batch1": {"step_s": gemv_s, "bytes": gemv_bytes, "bandwidth_bytes_per_s": gemv_bytes / gemv_s,
                                  "engine_step_over_gemv": rows[0]["step_s"] / gemv_s},
@@ -115,7 +119,7 @@ def run_smollm2(threads: int = 2, quick: bool = False) -> dict:
     hf = to_transformers(model)
     start = time.perf_counter()
     tokenizer = load_tokenizer(None)
-    section = bench_floor(model, tokenizer, hf, rng, (1, 4) if quick else (1, 8), 32, 4 if quick else 10)
+    section = bench_floor(model, tokenizer, hf, rng, (1, 4) if quick else (1, 8), 32, 4 if quick else 20)
     skewed = bench_skewed(model, tokenizer, hf, rng, 32, (4, 12), (48, 64), 1 if quick else 2, no_cache=False)
     return {"hardware": machine, "model": {"name": SMOLLM2_135M, "weights": "random (seed 0)",
                                               "parameters": sum(p.numel() for p in model.parameters()),
