@@ -174,21 +174,22 @@ def bench_batch1(model, tokenizer, hf, rng, new_tokens: int, repeats: int) -> di
             "outputs_agree": engine_ids == ref_ids == hf_ids}
 
 
-def bench_skewed(model, tokenizer, hf, rng, count: int, short, long, repeats: int) -> dict:
-    """``count`` requests at once, output lengths drawn from ``short``/``long`` (token ranges)."""
+def bench_skewed(model, tokenizer, hf, rng, count: int, short, long, repeats: int, no_cache: bool = True) -> dict:
+    """``count`` requests at once, output lengths drawn from ``short``/``long`` (token ranges); the no-KV-cache
+    loop too unless ``no_cache`` is False (on a 135M model it would take many minutes)."""
     prompts = random_prompts(rng, count, 16, 48, model.config.vocab_size)
     lengths = skewed_lengths(rng, count, short, long)
     useful = sum(lengths)
     engine = LLMEngine(model, tokenizer, engine_config(model, max_num_seqs=count))
     times = compare({"engine": lambda: run_engine(engine, prompts, lengths),
                      "transformers_generate_static": lambda: hf_generate(hf, prompts, max(lengths))}, repeats)
-    # the no-cache loop serves the requests one after another; it is slow, so it runs once
-    times.update(compare({"no_kv_cache": lambda: [reference_generate(model, p, n) for p, n in zip(prompts, lengths)]},
-                         1))
-    return {"requests": count, "output_tokens": useful, "longest": max(lengths), "seconds": times,
-            "tokens_per_s": {k: useful / v["wall_s"] for k, v in times.items()},
-            "engine_vs_generate": ratio(times, "transformers_generate_static", "engine"),
-            "engine_vs_no_cache": ratio(times, "no_kv_cache", "engine")}
+    result = {"requests": count, "output_tokens": useful, "longest": max(lengths), "seconds": times}
+    if no_cache:  # the no-cache loop serves the requests one after another; it is slow, so it runs once
+        times.update(compare({"no_kv_cache": lambda: [reference_generate(model, p, n)
+                                                      for p, n in zip(prompts, lengths)]}, 1))
+        result["engine_vs_no_cache"] = ratio(times, "no_kv_cache", "engine")
+    return result | {"tokens_per_s": {k: useful / v["wall_s"] for k, v in times.items()},
+                     "engine_vs_generate": ratio(times, "transformers_generate_static", "engine")}
 
 
 def bench_continuous_vs_static(model, tokenizer, rng, count: int, batch: int, short, long, repeats: int) -> dict:

@@ -3,9 +3,10 @@
 ``python -m servelab.engine.bench --model smollm2-135m [--quick] [--threads N] [--out PATH]`` runs
 :func:`run_smollm2`: a random-weight model with SmolLM2-135M's exact configuration (the speed regime depends
 only on shapes), this machine's roofline (:mod:`servelab.roofline`), then the engine's decode step at batch
-1, 8 and 32 and ``transformers`` ``generate``'s per-token step at batch 1, each set against
+1 and 8 and ``transformers`` ``generate``'s per-token step at batch 1, each set against
 ``max(bytes / bandwidth, FLOPs / peak, ops x overhead)``. "Fraction of floor" is the floor over the measured
-step (1.0 = at the floor).
+step (1.0 = at the floor). Then 32 requests with skewed output lengths: the engine vs ``generate`` on one
+padded batch (:func:`~servelab.engine.bench.bench_skewed`, without the no-KV-cache loop).
 
 :func:`decode_floor_rows` is the engine part on any model, for the chapters' notebooks.
 
@@ -19,20 +20,20 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
-from servelab.engine.bench import (SMOLLM2_135M, decoding_engine, hardware, hardware_line, hf_generate,
+from servelab.engine.bench import (SMOLLM2_135M, bench_skewed, decoding_engine, hardware, hardware_line,
                                    random_prompts, to_transformers)
-from servelab.engine.engine import LLMEngine
 from servelab.model import load_tokenizer
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
 from servelab.roofline import decode_cost
 from servelab.roofline.measured import Clock, Roofline, count_ops, decode_floor, measure_roofline, model_shape
 
-__all__ = ["bench_floor", "decode_floor_rows", "format_floor", "gemv_only_s", "median_step_s", "run_smollm2",
-           "smollm2_random"]
+__all__ = ["bench_floor", "decode_floor_rows", "format_floor", "gemv_only", "gemv_only_s", "round_robin_medians",
+           "run_smollm2", "smollm2_random"]
 
 
 def smollm2_random(seed: int = 0) -> LlamaForCausalLM:
@@ -41,85 +42,103 @@ def smollm2_random(seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(LlamaConfig.from_hf_dict(SMOLLM2_135M_CONFIG)).eval()
 
 
-def median_step_s(engine: LLMEngine, steps: int, clock: Clock = time.perf_counter) -> float:
-    """Median seconds on ``clock`` (default wall clock) of ``steps`` pure decode steps of a
-    :func:`decoding_engine`."""
-    times = []
+def round_robin_medians(steps: int, fns: dict[str, Callable[[], object]],
+                        clock: Clock = time.perf_counter) -> dict[str, float]:
+    """Median seconds on ``clock`` (default wall clock) of one call of each of ``fns``, over ``steps`` rounds
+    of one call each: a burst of outside load on a shared machine hits every system alike, not only the one
+    measured then."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(steps):
-        start = clock()
-        engine.step()
-        times.append(clock() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            times[name].append(clock() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-@torch.inference_mode()
-def gemv_only_s(model: LlamaForCausalLM, steps: int, clock: Clock = time.perf_counter) -> float:
-    """Median seconds on ``clock`` (default wall clock) of every matrix of one batch-1 decode step and
-    nothing else: ``x @ W.T`` for each linear layer's weight and the LM head, one after another. What
-    torch's own GEMVs reach here bounds the engine from below more tightly than the bandwidth probe does."""
+def gemv_only(model: LlamaForCausalLM) -> Callable[[], None]:
+    """Every matrix of one batch-1 decode step and nothing else: ``x @ W.T`` for each linear layer's weight
+    and the LM head, one after another. What torch's own GEMVs reach here bounds the engine from below
+    more tightly than the bandwidth probe does."""
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     x = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
 
+    @torch.inference_mode()
     def run() -> None:
         for w in weights:
             x[w.shape[1]] @ w.T
 
-    times = []
-    for _ in range(steps):
-        start = clock()
-        run()
-        times.append(clock() - start)
-    return statistics.median(times)
+    return run
 
 
-@torch.inference_mode()
-def hf_decode_step_s(hf, prompt: list[list[int]], steps: int) -> float:
-    """Median wall-clock seconds of one ``transformers`` decode forward pass with its KV cache (batch 1,
-    greedy token fed back), after the prompt's prefill: the per-token step ``generate`` repeats."""
-    out = hf(torch.tensor(prompt, device=hf.device), use_cache=True)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
+def gemv_only_s(model: LlamaForCausalLM, steps: int, clock: Clock = time.perf_counter) -> float:
+    """Median seconds on ``clock`` of :func:`gemv_only`'s matrices, over ``steps`` calls."""
+    return round_robin_medians(steps, {"gemv": gemv_only(model)}, clock)["gemv"]
+
+
+def hf_decode_step(hf, prompt: list[list[int]]) -> Callable[[], None]:
+    """One ``transformers`` decode forward pass with its KV cache per call (batch 1, greedy token fed
+    back), after the prompt's prefill: the per-token step ``generate`` repeats."""
+    with torch.inference_mode():
+        out = hf(torch.tensor(prompt, device=hf.device), use_cache=True)
+
+    @torch.inference_mode()
+    def step() -> None:
+        nonlocal out
         out = hf(out.logits[:, -1:].argmax(-1), cache=out.cache, use_cache=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    return step
+
+
+def floor_row(model: LlamaForCausalLM, roof: Roofline, batch: int, context: int, ops: int, step_s: float) -> dict:
+    """One measured decode step (``step_s`` seconds, ``batch`` sequences of ``context`` tokens, ``ops``
+    operators) against its floor on ``roof``: per-token share, its three floors (seconds), bound, fraction of
+    floor, and where it sits on the roofline (arithmetic intensity in FLOP/byte, achieved FLOP/s and bytes/s)."""
+    floor = decode_floor(model, roof, context, batch, ops)
+    cost = decode_cost(model_shape(model), context, batch)
+    return {"batch": batch, "context_tokens": context, "step_s": step_s, "per_token_s": step_s / batch, "ops": ops,
+            "floor_s": {"memory": floor.memory_s, "compute": floor.compute_s, "overhead": floor.overhead_s},
+            "bound": floor.bound, "fraction_of_floor": floor.fraction_of(step_s),
+            "intensity_flop_per_byte": cost.intensity, "achieved_flops": cost.flops / step_s,
+            "achieved_bytes_per_s": cost.bytes / step_s}
 
 
 def decode_floor_rows(model: LlamaForCausalLM, tokenizer, roof: Roofline, rng: random.Random,
                       batch_sizes: tuple[int, ...], context: int, steps: int,
                       clock: Clock = time.perf_counter) -> list[dict]:
-    """The engine's decode step at each batch size against its floor on ``roof``: per row the median
-    step on ``clock`` (``step_s``, seconds; use the clock ``roof`` was measured on), its share per
-    sequence (``per_token_s``), the operators it dispatches, its three floors (seconds), its bound and
-    fraction of floor, and where it sits on the roofline: arithmetic intensity (FLOP/byte) and the FLOP/s
-    and bytes/s the measured step achieved.
-    Every sequence holds ``context`` prompt tokens (plus the two a timed step has already decoded)."""
+    """The engine's decode step at each batch size against its floor on ``roof`` (:func:`floor_row`), the
+    median of ``steps`` steps on ``clock`` (use the clock ``roof`` was measured on). Every sequence holds
+    ``context`` prompt tokens (plus the two a timed step has already decoded)."""
     rows = []
     for batch in batch_sizes:
         engine = decoding_engine(model, tokenizer, batch, context, steps + 2, rng)
         ops = count_ops(engine.step)
-        step_s = median_step_s(engine, steps, clock)
-        floor = decode_floor(model, roof, context + 2, batch, ops)
-        cost = decode_cost(model_shape(model), context + 2, batch)
-        rows.append({"batch": batch, "context_tokens": context, "step_s": step_s, "per_token_s": step_s / batch,
-                     "ops": ops, "floor_s": {"memory": floor.memory_s, "compute": floor.compute_s,
-                                             "overhead": floor.overhead_s},
-                     "bound": floor.bound, "fraction_of_floor": floor.fraction_of(step_s),
-                     "intensity_flop_per_byte": cost.intensity, "achieved_flops": cost.flops / step_s,
-                     "achieved_bytes_per_s": cost.bytes / step_s})
+        step_s = round_robin_medians(steps, {"engine": engine.step}, clock)["engine"]
+        rows.append(floor_row(model, roof, batch, context + 2, ops, step_s))
     return rows
 
 
 def bench_floor(model, tokenizer, hf, rng, batch_sizes: tuple[int, ...], context: int, steps: int) -> dict:
-    """The engine's decode step at each batch size against its roofline floor, and ``generate``'s
-    per-token step at batch 1 (:func:`hf_decode_step_s`), on this machine; ``context`` prompt tokens each."""
+    """The engine's decode step at each batch size against its roofline floor; at batch 1, round-robin with
+    ``generate``'s per-token step (:func:`hf_decode_step`) and the bare GEMVs (:func:`gemv_only`), so
+    their ratios are measured side by side (``batch_sizes`` must include 1); ``context`` prompt tokens each."""
     roof = measure_roofline()
-    rows = decode_floor_rows(model, tokenizer, roof, rng, batch_sizes, context, steps)
-    hf_step = hf_decode_step_s(hf, random_prompts(rng, 1, context, context, model.config.vocab_size), steps)
+    rows, batch1 = [], {}
+    for batch in batch_sizes:
+        engine = decoding_engine(model, tokenizer, batch, context, steps + 2, rng)
+        ops = count_ops(engine.step)
+        fns = {"engine": engine.step}
+        if batch == 1:
+            fns |= {"transformers": hf_decode_step(hf, random_prompts(rng, 1, context, context, model.config.vocab_size)),
+                    "gemv_only": gemv_only(model)}
+        medians = round_robin_medians(steps, fns)
+        if batch == 1:
+            batch1 = medians
+        rows.append(floor_row(model, roof, batch, context + 2, ops, medians["engine"]))
     hf_floor = decode_floor(model, roof, context, 1, 0)
-    gemv_s = gemv_only_s(model, steps)
     gemv_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
                      if isinstance(m, torch.nn.Linear))
+    gemv_s, hf_step = batch1["gemv_only"], batch1["transformers"]
     return {"roofline": roof.to_dict(), "engine": rows,
             "gemv_only_batch1": {"step_s": gemv_s, "bytes": gemv_bytes, "bandwidth_bytes_per_s": gemv_bytes / gemv_s,
                                  "engine_step_over_gemv": rows[0]["step_s"] / gemv_s},
@@ -136,12 +155,13 @@ def run_smollm2(threads: int = 2, quick: bool = False) -> dict:
     model = smollm2_random()
     hf = to_transformers(model)
     start = time.perf_counter()
-    section = bench_floor(model, load_tokenizer(None), hf, rng, (1, 4) if quick else (1, 8), 32,
-                          4 if quick else 10)
+    tokenizer = load_tokenizer(None)
+    section = bench_floor(model, tokenizer, hf, rng, (1, 4) if quick else (1, 8), 32, 4 if quick else 20)
+    skewed = bench_skewed(model, tokenizer, hf, rng, 32, (4, 12), (48, 64), 1 if quick else 2, no_cache=False)
     return {"hardware": machine, "model": {"name": SMOLLM2_135M, "weights": "random (seed 0)",
                                               "parameters": sum(p.numel() for p in model.parameters()),
                                               "config": model.config.to_hf_dict()},
-            "quick": quick, "seconds_total": time.perf_counter() - start, "floor": section}
+            "quick": quick, "seconds_total": time.perf_counter() - start, "floor": section, "skewed_32": skewed}
 
 
 def format_floor(result: dict) -> str:
@@ -163,4 +183,10 @@ def format_floor(result: dict) -> str:
     hf = floor["transformers_batch1"]
     lines.append(f"transformers generate, batch 1: {hf['step_s'] * 1e3:.1f} ms per token, "
                  f"{hf['fraction_of_floor']:.0%} of the memory floor; engine {floor['engine_vs_generate_batch1']:.2f}x")
+    sk = result.get("skewed_32")  # absent from a bare bench_floor section
+    if sk:
+        lines.append(f"32 skewed requests ({sk['output_tokens']} tokens): engine {sk['tokens_per_s']['engine']:.0f} "
+                     f"tok/s, "
+                     f"generate on one padded batch {sk['tokens_per_s']['transformers_generate_static']:.0f} tok/s; "
+                     f"engine {sk['engine_vs_generate']['wall']:.2f}x wall, {sk['engine_vs_generate']['cpu']:.2f}x cpu")
     return "\n".join(lines)
