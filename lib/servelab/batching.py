@@ -12,6 +12,7 @@ one decode iteration in a unit-cost model. Three simulators share this module:
 * ``simulate_iterations`` -- chunked versus unchunked prefill on a token-budget cost model, where an
   iteration's duration grows with the number of tokens it processes.
 
+Queue order comes from :mod:`servelab.queue_policy`, the keys the engine's scheduler uses too.
 Results are exact (integers, or ``fractions.Fraction`` for the token-cost model) so a chart and a test
 read the same numbers.
 """
@@ -25,6 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 from servelab._validate import require_int, require_name, require_real
 from servelab.metrics import itl
+from servelab.queue_policy import POLICIES, aging, fair_queuing, fcfs
 
 __all__ = [
     "BATCHING_POLICIES",
@@ -102,10 +104,50 @@ def _validate_requests(reqs: object) -> list[Request]:
     return list(reqs)
 
 
-# A ranking orders the waiting requests for the free slots: it gets them as (index in the workload,
-# request) pairs, the current tick and the tokens emitted so far per request name, and returns the
-# names best first.
-Ranking = Callable[[list[tuple[int, Request]], int, Mapping[str, int]], list[str]]
+@dataclass(frozen=True)
+class _Waiting:
+    """A waiting request as the queue policies read it (a ``servelab.queue_policy.Aged`` and
+    ``Tenanted``): ``arrival_index`` ranks (arrival tick, place in the workload)."""
+
+    name: str
+    arrival_index: int
+    priority: int
+    remaining_tokens: int
+    tenant: str
+    waited: int
+
+
+# A ranking orders the waiting requests for the free slots, best first, given the tokens emitted so far
+# per tenant.
+Ranking = Callable[[list[_Waiting], Mapping[str, int]], list[_Waiting]]
+
+
+def _by_key(key: Callable[[_Waiting], tuple]) -> Ranking:
+    """A ranking that sorts the waiting requests by ``key``, smallest first."""
+    def rank(waiting: list[_Waiting], served: Mapping[str, int]) -> list[_Waiting]:
+        return sorted(waiting, key=key)
+    return rank
+
+
+def _arrival_order(reqs: list[Request]) -> dict[str, int]:
+    """Each request's place in arrival order: by arrival tick, ties by place in the workload."""
+    order = sorted(range(len(reqs)), key=lambda i: (reqs[i].arrival, i))
+    return {reqs[i].name: k for k, i in enumerate(order)}
+
+
+def _waiting(reqs: list[Request], arrival_index: Mapping[str, int], tick: int, owed: Mapping[str, int],
+             active: list[str]) -> list[_Waiting]:
+    """The arrived, unfinished requests that hold no slot at ``tick``, as the policies see them."""
+    return [_Waiting(r.name, arrival_index[r.name], r.priority, owed[r.name], r.tenant, tick - r.arrival)
+            for r in reqs if r.arrival <= tick and owed[r.name] and r.name not in active]
+
+
+def _served_by_tenant(reqs: list[Request], owed: Mapping[str, int]) -> dict[str, int]:
+    """Tokens emitted so far by each tenant's requests, running or finished."""
+    served = {r.tenant: 0 for r in reqs}
+    for r in reqs:
+        served[r.tenant] += r.ticks_needed - owed[r.name]
+    return served
 
 
 def _run_slots(
@@ -120,11 +162,11 @@ def _run_slots(
     emits: dict[str, list[int]] = {r.name: [] for r in reqs}
     active: list[str] = []
     trace: list[TickRecord] = []
+    arrival_index = _arrival_order(reqs)
     tick = 0
     while any(owed.values()):
-        candidates = [(i, r) for i, r in enumerate(reqs)
-                      if r.arrival <= tick and owed[r.name] and r.name not in active]
-        waiting = rank(candidates, tick, {n: len(times) for n, times in emits.items()})
+        candidates = _waiting(reqs, arrival_index, tick, owed, active)
+        waiting = [w.name for w in rank(candidates, _served_by_tenant(reqs, owed))]
         admitted: list[str] = []
         if not (refill_only_when_empty and active):
             admitted = waiting[:capacity - len(active)]
@@ -174,59 +216,6 @@ def verify_schedule(
             raise RuntimeError(f"invariant broken: {name} completion is not its last emit tick")
 
 
-def _by_key(key: Callable[[int, Request, int], tuple]) -> Ranking:
-    """A ranking that sorts the waiting requests by ``key(index, request, tick)``, smallest first."""
-    def rank(candidates: list[tuple[int, Request]], tick: int, served: Mapping[str, int]) -> list[str]:
-        return [r.name for _, r in sorted(candidates, key=lambda c: key(c[0], c[1], tick))]
-    return rank
-
-
-def _fcfs_key(index: int, r: Request, tick: int) -> tuple:
-    return (r.arrival, index)
-
-
-def _sjf_key(index: int, r: Request, tick: int) -> tuple:
-    return (r.ticks_needed, r.arrival, index)
-
-
-def _priority_key(index: int, r: Request, tick: int) -> tuple:
-    return (r.priority, r.arrival, index)
-
-
-def _aging_key(aging_rate: float) -> Callable[[int, Request, int], tuple]:
-    """SJF on the predicted length minus ``aging_rate`` tokens for every tick already waited."""
-    def key(index: int, r: Request, tick: int) -> tuple:
-        return (r.ticks_needed - aging_rate * (tick - r.arrival), r.arrival, index)
-    return key
-
-
-def _fair_queuing(reqs: list[Request]) -> Ranking:
-    """Per-tenant fair queuing on tokens served: a virtual token counter per tenant.
-
-    A tenant's counter is the number of tokens its requests have emitted so far (all its requests,
-    running or finished); counters start at zero and are not lifted when a tenant returns from idle.
-    To rank, repeatedly take the tenant with the smallest counter among those with a waiting request
-    (ties: the earlier head of line), rank that tenant's earliest waiting request next and charge the
-    tenant one token for the prefill it is about to get. Within a tenant the order is FCFS.
-    """
-    tenant_of = {r.name: r.tenant for r in reqs}
-
-    def rank(candidates: list[tuple[int, Request]], tick: int, served: Mapping[str, int]) -> list[str]:
-        counters = {t: 0 for t in tenant_of.values()}
-        for name, tokens in served.items():
-            counters[tenant_of[name]] += tokens
-        queues = {t: [c for c in sorted(candidates, key=lambda c: (c[1].arrival, c[0]))
-                      if c[1].tenant == t] for t in counters}
-        ranked: list[str] = []
-        while any(queues.values()):
-            tenant = min((t for t in queues if queues[t]),
-                         key=lambda t: (counters[t], queues[t][0][1].arrival, queues[t][0][0]))
-            ranked.append(queues[tenant].pop(0)[1].name)
-            counters[tenant] += 1
-        return ranked
-    return rank
-
-
 def simulate_batching(
     reqs: Sequence[Request], capacity: int, policy: str
 ) -> tuple[dict[str, int], list[TickRecord]]:
@@ -243,7 +232,7 @@ def simulate_batching(
     require_int("capacity", capacity, 1)
     if policy not in BATCHING_POLICIES:
         raise ValueError(f"policy must be one of {BATCHING_POLICIES}, got {policy!r}")
-    emits, trace = _run_slots(reqs, capacity, _by_key(_fcfs_key), policy == "static", False)
+    emits, trace = _run_slots(reqs, capacity, _by_key(fcfs), policy == "static", False)
     completion = {name: times[-1] for name, times in emits.items()}
     verify_schedule(reqs, capacity, completion, trace)
     return completion, trace
@@ -289,11 +278,12 @@ class QueueOutcome:
     max_gap: int | None
 
 
-def _queue_ranking(policy: str, reqs: list[Request], aging_rate: float) -> Ranking:
+def _queue_ranking(policy: str, aging_rate: float) -> Ranking:
     if policy == "fair-queuing":
-        return _fair_queuing(reqs)
-    keys = {"sjf": _sjf_key, "sjf-aging": _aging_key(aging_rate), "priority": _priority_key}
-    return _by_key(keys.get(policy, _fcfs_key))
+        return fair_queuing
+    if policy == "sjf-aging":
+        return _by_key(aging(aging_rate))
+    return _by_key(POLICIES.get(policy, fcfs))  # prefill- and decode-priority admit in FCFS order
 
 
 def _queue_outcomes(reqs: list[Request], emits: dict[str, list[int]],
@@ -341,7 +331,7 @@ def simulate_queue_policies(
     if policy not in QUEUE_POLICIES:
         raise ValueError(f"policy must be one of {QUEUE_POLICIES}, got {policy!r}")
     require_real("aging_rate", aging_rate, 0.0)
-    emits, trace = _run_slots(reqs, capacity, _queue_ranking(policy, reqs, aging_rate),
+    emits, trace = _run_slots(reqs, capacity, _queue_ranking(policy, aging_rate),
                               policy == "decode-priority", policy == "prefill-priority")
     completion = {name: times[-1] for name, times in emits.items()}
     verify_schedule(reqs, capacity, completion, trace)

@@ -28,7 +28,7 @@ PACKAGE = "servelab"
 ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("servelab.engine.engine", ("LLMEngine.step", "LLMEngine._run"), "the step's five phases, in order"),
     ("servelab.engine.scheduler", ("Scheduler.schedule",), "phase 1: swap-ins, decodes, prefill chunks, admissions"),
-    ("servelab.engine.policy", ("POLICIES",), "the order the waiting queue is served in"),
+    ("servelab.queue_policy", ("POLICIES",), "the order the waiting queue is served in"),
     ("servelab.engine.reservation", ("ReservationPolicy.admit",), "the blocks an admission reserves"),
     ("servelab.kv.allocator", ("BlockAllocator.allocate_prompt", "BlockAllocator.append_tokens"),
      "block tables, prefix hits, copy-on-write"),

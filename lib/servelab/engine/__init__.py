@@ -7,7 +7,8 @@ Module map (one concept each, in the order a request meets them):
 * :mod:`~servelab.engine.validation` -- every check ``add_request`` makes;
 * :mod:`~servelab.engine.request` -- the engine's request record; :mod:`~servelab.engine.sequence` -- the
   scheduler's (tokens, KV progress, timestamps) and the incremental detokeniser;
-* :mod:`~servelab.engine.policy` -- queue order and preemption victims (FCFS, priority, SJF);
+* :mod:`servelab.queue_policy` (shared with the tick simulators) -- queue order and preemption victims
+  (FCFS, priority, SJF);
 * :mod:`~servelab.engine.reservation` -- the admission rule: on-demand or up-front KV reservation;
 * :mod:`~servelab.engine.scheduler` -- one tick: admission, token budget, preemption;
 * :mod:`~servelab.engine.attention` -- the paged KV pool and the paged attention backend;

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab._validate import require_int, require_interval, require_type
-from servelab.engine.policy import POLICIES
 from servelab.engine.reservation import RESERVATION_POLICIES
+from servelab.queue_policy import POLICIES
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -41,7 +41,7 @@ class EngineConfig:
         preemption_mode: ``"recompute"`` (drop the KV, prefill again later) or ``"swap"`` (copy the KV
             to host memory and back).
         swap_space_bytes: host memory (bytes) for swapped-out KV; when full, preemption recomputes.
-        policy: queue order and victim choice, a name in ``servelab.engine.policy.POLICIES``: ``"fcfs"``
+        policy: queue order and victim choice, a name in ``servelab.queue_policy.POLICIES``: ``"fcfs"``
             (arrival), ``"priority"`` (lower value first, then arrival) or ``"sjf"`` (fewest tokens left
             under ``max_tokens`` first).
         reservation_policy: the admission rule, a name in

@@ -76,14 +76,14 @@ class ReservationPolicy:
         """Phase 1: reserve the uncached prompt blocks (plus the output promise, up front). False, with
         nothing reserved, when the pool's unreserved headroom is too small: the request waits."""
         need = allocator.num_blocks_to_allocate(seq.token_ids, seq.namespace)
-        need += self.output_blocks(seq.num_tokens, seq.remaining_budget, seq.batch_slots)
+        need += self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots)
         return allocator.reserve(seq.seq_id, need)
 
     def keep_output_promise(self, allocator: BlockAllocator, seq: Sequence) -> None:
         """Phase 2, once the prompt blocks are allocated (and copies done): keep reserved exactly the
         output blocks still promised (none on demand)."""
         allocator.release_reservation(seq.seq_id)
-        allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_budget, seq.batch_slots))
+        allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots))
 
     def split_at_fork(self, allocator: BlockAllocator, parent: Sequence, children: list[Sequence]) -> None:
         """Parallel sampling: the parent's promise (made for all ``n`` samples) is shared out evenly, so

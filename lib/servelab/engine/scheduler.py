@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from servelab.engine.config import EngineConfig
-from servelab.engine.policy import POLICIES
 from servelab.engine.reservation import ReservationPolicy
 from servelab.engine.sequence import Sequence, SeqStatus
 from servelab.kv.allocator import BlockAllocator, BlockCopy, OutOfBlocks
 from servelab.lifecycle import SlotPool
+from servelab.queue_policy import POLICIES
 
 
 class KVMover(Protocol):

@@ -118,7 +118,7 @@ class Sequence:
         return 1 + self.samples_to_fork
 
     @property
-    def remaining_budget(self) -> int:
+    def remaining_tokens(self) -> int:
         """Tokens it may still generate under ``max_tokens``."""
         return self.params.max_tokens - len(self.output_ids)
 
