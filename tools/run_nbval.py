@@ -34,8 +34,9 @@ KERNEL_STARTUP_S = 180
 """How long nbval waits for a kernel to answer (seconds). nbval's default, 60 s, was too short for the
 first kernel of a fresh clone on a loaded 2-core CI machine (its bytecode and caches still cold)."""
 KERNEL_NOT_STARTED = "Kernel didn't respond"
+SANITIZE = ROOT / "notebooks" / "sanitize.cfg"
 NBVAL = ["-m", "pytest", "-v", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
-         "--nbval-sanitize-with", "notebooks/sanitize.cfg", f"--nbval-cell-timeout={CELL_TIMEOUT_S}",
+         "--nbval-sanitize-with", str(SANITIZE), f"--nbval-cell-timeout={CELL_TIMEOUT_S}",
          f"--nbval-kernel-startup-timeout={KERNEL_STARTUP_S}"]
 CELL_STARTED = re.compile(r"::Cell (\d+)")
 SUMMARY = re.compile(r"=+ (.*(?:passed|failed|error).*) in [\d.]+s")
@@ -69,37 +70,61 @@ def running_cell(notebook: Path, output: str) -> str:
     return f"cell {index} (`{lines[0][:120] if lines else ''}`)"
 
 
-def nbval_once(notebook: Path, env: dict[str, str] | None, limit_s: float) -> NbvalRun:
-    run = run_command([sys.executable, *NBVAL, str(notebook)], limit_s=limit_s, cwd=ROOT, env=env)
+REAL_MODEL = "smollm2"
+
+
+def expected_cost(notebook: Path) -> tuple[bool, int]:
+    """A sort key for how long a notebook runs: one that loads the real model first, then by code size."""
+    text = notebook.read_text(encoding="utf-8")
+    return REAL_MODEL in text.lower(), len(text)
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """Where nbval runs: the Python whose pytest, nbval and kernel are used, and the folder pytest
+    starts in (the checkout, or the clean install's folder outside it)."""
+
+    python: str = sys.executable
+    cwd: Path = ROOT
+
+
+def nbval_once(notebook: Path, env: dict[str, str] | None, limit_s: float,
+               where: Interpreter = Interpreter()) -> NbvalRun:
+    run = run_command([where.python, *NBVAL, str(notebook)], limit_s=limit_s, cwd=where.cwd, env=env)
     return NbvalRun(notebook, run, running_cell(notebook, run.output) if run.timed_out else "")
 
 
 def nbval_notebook(notebook: Path, env: dict[str, str] | None = None, limit_s: float = NOTEBOOK_LIMIT_S,
-                   log=print) -> tuple[NbvalRun, str]:
+                   log=print, where: Interpreter = Interpreter()) -> tuple[NbvalRun, str]:
     """nbval on one notebook, retried once if it hangs or its kernel never starts; returns the run and
     a warning ('' if none)."""
-    first = nbval_once(notebook, env, limit_s)
+    first = nbval_once(notebook, env, limit_s, where)
     if KERNEL_NOT_STARTED in first.run.output and not first.ok:
         log(f"KERNEL {notebook}: the kernel did not start within {KERNEL_STARTUP_S} s; retrying once")
-        second = nbval_once(notebook, env, limit_s)
+        second = nbval_once(notebook, env, limit_s, where)
         return second, f"{notebook}: its kernel did not start the first time; the retry {'passed' if second.ok else 'failed'}"
     if not first.run.timed_out:
         return first, ""
     log(f"HANG {notebook}: killed after {first.run.seconds:.0f} s at {first.hung_at}; retrying once")
-    second = nbval_once(notebook, env, limit_s)
+    second = nbval_once(notebook, env, limit_s, where)
     if second.run.timed_out:
         return second, f"{notebook} hung twice: at {first.hung_at}, then at {second.hung_at}"
     return second, f"{notebook} hung once at {first.hung_at}; its retry {'passed' if second.ok else 'failed'}"
 
 
 def run_nbval(notebooks: list[Path], env: dict[str, str] | None = None, jobs: int = 2,
-              limit_s: float = NOTEBOOK_LIMIT_S, label: str = "") -> bool:
-    """nbval on every notebook, ``jobs`` at a time; prints one line per notebook; True if all passed."""
+              limit_s: float = NOTEBOOK_LIMIT_S, label: str = "", where: Interpreter = Interpreter()) -> bool:
+    """nbval on every notebook, ``jobs`` at a time (slowest first, so the two workers end together);
+    prints one line per notebook; True if all passed."""
     prefix = f"[{label}] " if label else ""
+
+    def log(message: str) -> None:
+        print(prefix + message, flush=True)
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda nb: nbval_notebook(nb, env, limit_s, log=lambda m: print(prefix + m,
-                                                                                               flush=True)),
-                                notebooks))
+        futures = {nb: pool.submit(nbval_notebook, nb, env, limit_s, log, where)
+                   for nb in sorted(notebooks, key=expected_cost, reverse=True)}
+        results = [futures[nb].result() for nb in notebooks]
     failed, warnings = 0, []
     for run, warning in results:
         status = "ok" if run.ok else ("HUNG" if run.run.timed_out else "FAIL")

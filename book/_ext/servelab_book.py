@@ -24,7 +24,9 @@
 9. Every notebook is executed in a process of its own under a hard wall-clock limit
    (:func:`servelab.nbrun.run_notebook`, ``SERVELAB_NOTEBOOK_LIMIT_S``, default 600 s): jupyter-cache's
    in-process executor is replaced, so a notebook that hangs is killed with its kernel, and the build
-   fails with a warning naming the notebook and the cell it was running.
+   fails with a warning naming the notebook and the cell it was running. The notebooks a build will
+   execute are started before Sphinx reads the first page, two at a time on a machine with two cores
+   or more (``SERVELAB_BOOK_JOBS``; :func:`prefetch_notebooks`): each page then waits only for its own.
 10. ``{servelab-questions} SET`` blocks (the §9 page) are replaced, before MyST reads the page, by
    the question bank's set ``SET`` under a heading per tier
    (:func:`servelab.questions.render.expand_question_sets`).
@@ -274,20 +276,34 @@ NOTEBOOK_LIMIT_ENV = "SERVELAB_NOTEBOOK_LIMIT_S"
 NOTEBOOK_LIMIT_S = 600
 
 
-def execute_with_deadline(nb, cwd, timeout, allow_errors, meta_override=True, **_ignored):
-    """jupyter-cache's ``single_nb_execution`` (same arguments, same result), but in a child process
-    killed at the hard limit. A timeout comes back as ``CellTimeoutError`` naming the cell, which
-    myst-nb reports as a warning on the notebook's page (``-W`` makes it fail the build)."""
-    from jupyter_cache.executors.utils import ExecutionResult
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError
-    from servelab.nbrun import run_notebook
-
+def _overridden(nb, timeout, allow_errors, meta_override=True):
+    """The cell timeout and error policy a notebook runs with: its own ``execution`` metadata wins."""
     if meta_override and "execution" in nb.metadata:
         timeout = nb.metadata.execution.get("timeout", timeout)
         allow_errors = nb.metadata.execution.get("allow_errors", allow_errors)
+    return timeout, allow_errors
+
+
+def _run_with_deadline(nb, cwd, timeout, allow_errors):
+    """One notebook in a child process under the hard limit (a :class:`servelab.nbrun.NotebookRun`)."""
+    from servelab.nbrun import run_notebook
+
     limit = float(os.environ.get(NOTEBOOK_LIMIT_ENV, NOTEBOOK_LIMIT_S))
-    run = run_notebook(nb, limit_s=limit, cwd=Path(cwd), cell_timeout_s=timeout or limit,
-                       allow_errors=allow_errors, name=Path(cwd).name)
+    return run_notebook(nb, limit_s=limit, cwd=Path(cwd), cell_timeout_s=timeout or limit,
+                        allow_errors=allow_errors, name=Path(cwd).name)
+
+
+def execute_with_deadline(nb, cwd, timeout, allow_errors, meta_override=True, **_ignored):
+    """jupyter-cache's ``single_nb_execution`` (same arguments, same result), but in a child process
+    killed at the hard limit, or taken from the run :func:`prefetch_notebooks` started for this
+    notebook. A timeout comes back as ``CellTimeoutError`` naming the cell, which myst-nb reports as a
+    warning on the notebook's page (``-W`` makes it fail the build)."""
+    from jupyter_cache.executors.utils import ExecutionResult
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    timeout, allow_errors = _overridden(nb, timeout, allow_errors, meta_override)
+    started = PREFETCHED.pop((str(Path(cwd).resolve()), code_digest(nb), timeout, allow_errors), None)
+    run = started.result() if started else _run_with_deadline(nb, cwd, timeout, allow_errors)
     if run.notebook is not None:
         nb["cells"], nb["metadata"] = run.notebook.cells, run.notebook.metadata
     if run.ok:
@@ -296,6 +312,72 @@ def execute_with_deadline(nb, cwd, timeout, allow_errors, meta_override=True, **
     text = f"{'hung' if run.timed_out else 'failed'} at {where}: {run.error}"
     err = CellTimeoutError(text) if run.timed_out else CellExecutionError(text, "error", run.error or "")
     return ExecutionResult(nb, cwd, run.seconds, err, text)
+
+
+BOOK_JOBS_ENV = "SERVELAB_BOOK_JOBS"
+PREFETCHED: dict = {}
+"""Notebook runs started ahead of Sphinx's reading, keyed by (folder, code digest, timeout, allow_errors)."""
+_POOL: list = []
+
+
+def code_digest(nb) -> str:
+    """A hash of a notebook's code cells: the key a prefetched run is matched to its page by."""
+    digest = hashlib.sha1()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            digest.update(cell.source.encode() + b"\0")
+    return digest.hexdigest()
+
+
+def _needs_execution(app: Sphinx, nb) -> bool:
+    """Whether myst-nb will execute this notebook: always in ``force`` mode, on a cache miss in ``cache``."""
+    mode = app.env.mystnb_config.execution_mode
+    if mode == "force":
+        return True
+    if mode != "cache":
+        return False
+    from jupyter_cache import get_cache
+
+    try:
+        get_cache(str(execution_cache(app))).match_cache_notebook(nb)
+    except KeyError:
+        return True
+    return False
+
+
+def prefetch_notebooks(app: Sphinx, env: BuildEnvironment, docnames: list[str]) -> None:
+    """Start every notebook that is about to be read and executed, ``SERVELAB_BOOK_JOBS`` at a time
+    (default: one per core, at most 2), in Sphinx's reading order, so that a page waits only for its
+    own notebook while the next one runs beside it. Each run keeps its own hard limit."""
+    import nbformat
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = int(os.environ.get(BOOK_JOBS_ENV, min(2, os.cpu_count() or 1)))
+    config = env.mystnb_config
+    if jobs < 2 or config.execution_in_temp:
+        return
+    pool = None
+    for docname in sorted(docnames):
+        path = Path(env.doc2path(docname))
+        if path.suffix != ".ipynb":
+            continue
+        nb = nbformat.read(path, as_version=4)
+        if not _needs_execution(app, nb):
+            continue
+        timeout, allow_errors = _overridden(nb, config.execution_timeout, config.execution_allow_errors)
+        pool = pool or ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="servelab-prefetch")
+        key = (str(path.parent.resolve()), code_digest(nb), timeout, allow_errors)
+        PREFETCHED[key] = pool.submit(_run_with_deadline, nb, path.parent, timeout, allow_errors)
+    if pool:
+        _POOL.append(pool)
+        LOGGER.info("servelab: executing %d notebooks, %d at a time", len(PREFETCHED), jobs)
+
+
+def stop_prefetching(app: Sphinx, exception: Exception | None) -> None:
+    """Drop the runs no page claimed (a build that stopped early); a run under way ends at its limit."""
+    while _POOL:
+        _POOL.pop().shutdown(wait=False, cancel_futures=True)
+    PREFETCHED.clear()
 
 
 def use_deadline_executor() -> None:
@@ -313,12 +395,14 @@ def setup(app: Sphinx) -> dict:
     os.environ["SERVELAB_BOOK_BUILD"] = "1"
     app.connect("config-inited", solutions_switch)
     app.connect("env-get-outdated", reread_on_library_change)
+    app.connect("env-before-read-docs", prefetch_notebooks, priority=900)  # after the re-read list is known
     app.connect("source-read", note_glue_sources)
     app.connect("env-get-updated", chapters_from_zero, priority=900)  # after the toctree collector
     app.connect("source-read", add_colab_link)
     app.connect("source-read", add_course_map)
     app.connect("source-read", expand_questions)
     app.connect("build-finished", copy_plotly_js)
+    app.connect("build-finished", stop_prefetching)
     app.connect("build-finished", copy_mathjax)
     app.connect("html-page-context", drop_duplicate_scripts, priority=900)  # after the others
     # Loaded synchronously in <head>, so window.Plotly exists before any figure's inline script.
