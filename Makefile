@@ -89,10 +89,11 @@ browser-deps:
 	@{ command -v chromium >/dev/null && fc-list :lang=zh | grep -q .; } || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null; }
 
-# Every page of the built book (make book-strict first) opened in Debian chromium; screenshots go
+# Every page of the built book (make book-strict first) opened in Debian chromium, two browsers at
+# a time (pytest-xdist; each worker serves the book and starts its own chromium); screenshots go
 # to _build/screenshots/.
 test-browser: setup browser-deps
-	$(STAGE) browser 900 $(PY) -m pytest -q -p no:cacheprovider browser_tests
+	$(STAGE) browser 900 $(PY) -m pytest -q -p no:cacheprovider -n 2 browser_tests
 
 test-stages: setup checks test-lib test-notebooks test-notebooks-cpus book-strict test-browser
 
