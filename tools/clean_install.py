@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 from servelab.nbrun import NotebookRun, run_notebook
+from servelab.prose import count
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"
@@ -121,7 +122,7 @@ def run_all(folder: Path, python: Path, env: dict[str, str]) -> int:
         print("  HUNG:", line)
     for line in flaky:
         print("  WARNING (flaky, hung once):", line)
-    print(f"{len(errors)} error cell(s), {len(hung)} hung notebook(s), {len(flaky)} retried after a hang, "
+    print(f"{count(len(errors), 'error cell')}, {count(len(hung), 'hung notebook')}, {len(flaky)} retried after a hang, "
           f"in {len(paths)} notebooks on a clean install")
     return 1 if errors or hung else 0
 
