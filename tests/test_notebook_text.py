@@ -170,9 +170,6 @@ def test_the_word_patterns_catch_what_they_must():
 
 MAX_CODE_RUN = 40
 HIDDEN_INPUT = {"remove-input", "hide-input", "remove-cell"}
-# §8 builds an engine from scratch, and its MiniEngine class alone is one 54-line cell that cannot be split
-# without changing the code; the strict xfail fails once §8 is broken up
-WALLS_OF_CODE = {"ch08-from-scratch"}
 
 
 def shown_code_runs(nb: nbformat.NotebookNode) -> list[tuple[int, int]]:
@@ -189,9 +186,7 @@ def shown_code_runs(nb: nbformat.NotebookNode) -> list[tuple[int, int]]:
     return runs
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(strict=True, reason="a wall of code, not yet broken up")]
-                 if p.stem in WALLS_OF_CODE else []) for p in CHAPTERS])
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_no_wall_of_code_on_a_chapter_page(path):
     longest, first = max(shown_code_runs(nbformat.read(str(path), as_version=4)), default=(0, None))
     assert longest <= MAX_CODE_RUN, f"{path.name}: {longest} shown code lines in a row from cell {first}"
