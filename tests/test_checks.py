@@ -54,7 +54,7 @@ def test_main_exits_nonzero_on_failure(monkeypatch, capsys):
 
     monkeypatch.setattr(checks, "CHECKS", (("D99", broken),))
     assert checks.main() == 1
-    assert "1 check(s) failed: D99" in capsys.readouterr().out
+    assert "1 check failed: D99" in capsys.readouterr().out
 
 
 def test_engine_tick_seed_example_and_following_ticks():

@@ -521,7 +521,7 @@ def test_tick_simulation_failure_gives_the_tick_inputs():
     assert workload.startswith("the workload: 10 requests")
     blocks = next(c for c in check_scheduler_tick(schedule_ignores_blocks, verbose=False).failures
                   if c.name.startswith("every tick keeps the rule with staggered arrivals"))
-    assert "new blocks, only 0 are free" in blocks.detail.splitlines()[0]
+    assert "new blocks, only 0 free" in blocks.detail.splitlines()[0]
 
 
 def test_tick_hand_case_failure_names_the_broken_rule():
@@ -529,7 +529,7 @@ def test_tick_hand_case_failure_names_the_broken_rule():
                    if c.name == "a prompt is chunked to the budget left")
     assert "returned [('A', 1)], expected [('A', 1), ('B', 5)]" in failure.detail
     assert "the rule it breaks: work conservation: waiting B fit" in failure.detail
-    assert "B: 5 token(s), ceil((0 + 5) / 4) - 0 = 2 new block(s)" in failure.detail
+    assert "B: 5 tokens, ceil((0 + 5) / 4) - 0 = 2 new blocks" in failure.detail
 
 
 def test_expected_plans_follow_the_rule():
@@ -563,8 +563,10 @@ def test_fcfs_and_slot_invariants():
     full = ([("A", 4, 5, 2)], [("B", 0, 3, 0), ("C", 0, 3, 0)], 10, 4, 32, 2)
     assert "1 running + 2 admitted exceed max_num_seqs = 2" in tick._rule_error(full, [("A", 1), ("B", 3), ("C", 3)])
     short = ([("A", 8, 20, 2)], [], 1, 4, 8, 4)
-    assert ("A got 4 tokens, but at its turn: 8 token(s) of the 8 left need 2 new block(s), 1 free: it gets nothing"
+    assert ("A got 4 tokens, but at its turn: 8 tokens of the 8 left, needing 2 new blocks, 1 free: it gets nothing"
             in tick._rule_error(short, [("A", 4)]))
+    one = ([("A", 4, 5, 1)], [], 0, 4, 8, 4)  # one decode token that needs one new block, none free
+    assert tick._rule_error(one, [("A", 1)]) == "the plan needs 1 new block, only 0 free"
 
 
 def test_simulations_exercise_chunks_and_block_pressure():

@@ -8,9 +8,11 @@ book build, and the narrative pages (``book/*.md``) are not notebooks. Outputs u
 never displays, so they are not checked.
 
 What a reader of a chapter notebook sees (Markdown cells, printed text, Markdown and HTML outputs,
-figure text) must not show a Python boolean ("True") or a hedged plural ("token(s)"): flags are
-words ("yes", "holds") and counts agree with their noun (:mod:`servelab.prose`). Code is not
-checked: code cells' sources, inline code and code blocks, and the script around a figure's data.
+figure text), and every value it publishes for the book's pages to glue, must not show a Python
+boolean ("True") or a hedged plural ("token(s)"): flags are words ("yes", "holds") and counts agree
+with their noun (:mod:`servelab.prose`). Code is not checked: code cells' sources, inline code and
+code blocks, and the script around a figure's data. ``browser_tests/test_book_text.py`` checks the
+same on every page of the built book.
 
 On the book page a chapter notebook must not read as a wall of code: no run of consecutive shown code
 lines, between two Markdown cells, is longer than :data:`MAX_CODE_RUN`. A cell whose input the page
@@ -135,15 +137,25 @@ def reader_text(where: str, text: str) -> str:
     return CODE.sub(" ", text)
 
 
+GLUED = "application/papermill.record/"
+
+
+def _glued_texts(cell: nbformat.NotebookNode) -> list[tuple[str, str]]:
+    """(mime, text) of every value a cell publishes for the book ({glue:text} pastes text/plain)."""
+    return [(f"glued {mime.removeprefix(GLUED)}", str(value)) for out in cell.get("outputs", [])
+            for mime, value in out.get("data", {}).items() if mime.startswith(f"{GLUED}text/")]
+
+
 def data_not_words(path: Path) -> list[str]:
     """Every boolean or hedged plural a reader sees in ``path``: 'cell N (where): ...context...'."""
     nb = nbformat.read(str(path), as_version=4)
     found = []
     for index, cell in enumerate(nb.cells):
-        for where, text in _shown_texts(cell):
-            if where not in {"markdown", "stream", "text/markdown", "text/html"}:
+        for where, text in [*_shown_texts(cell), *_glued_texts(cell)]:
+            kind = where.removeprefix("glued ")
+            if kind not in {"markdown", "stream", "text/markdown", "text/html"} and where != "glued text/plain":
                 continue
-            text = reader_text(where, text)
+            text = reader_text(kind, text)
             for match in (*BOOLEAN.finditer(text), *HEDGED_PLURAL.finditer(text)):
                 found.append(f"cell {index} ({where}): {text[max(match.start() - 50, 0):match.end() + 10]!r}")
     return found
@@ -153,6 +165,15 @@ def data_not_words(path: Path) -> list[str]:
 def test_chapter_notebooks_write_flags_and_counts_as_words(path):
     found = data_not_words(path)
     assert not found, f"{path.relative_to(ROOT)} shows data as code: " + "; ".join(found[:6])
+
+
+def test_a_glued_flag_is_caught(tmp_path):
+    cell = nbformat.v4.new_code_cell('publish("same", str(True))')
+    cell.outputs = [nbformat.v4.new_output("display_data", data={f"{GLUED}text/plain": "'True'"}),
+                    nbformat.v4.new_output("display_data", data={"text/plain": "Checkbox(value=False)"})]
+    path = tmp_path / "ch99.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), str(path))
+    assert data_not_words(path) == ["cell 0 (glued text/plain): \"'True'\""]
 
 
 def test_the_word_patterns_catch_what_they_must():
@@ -170,9 +191,6 @@ def test_the_word_patterns_catch_what_they_must():
 
 MAX_CODE_RUN = 40
 HIDDEN_INPUT = {"remove-input", "hide-input", "remove-cell"}
-# §8 builds an engine from scratch, and its MiniEngine class alone is one 54-line cell that cannot be split
-# without changing the code; the strict xfail fails once §8 is broken up
-WALLS_OF_CODE = {"ch08-from-scratch"}
 
 
 def shown_code_runs(nb: nbformat.NotebookNode) -> list[tuple[int, int]]:
@@ -189,9 +207,7 @@ def shown_code_runs(nb: nbformat.NotebookNode) -> list[tuple[int, int]]:
     return runs
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(strict=True, reason="a wall of code, not yet broken up")]
-                 if p.stem in WALLS_OF_CODE else []) for p in CHAPTERS])
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_no_wall_of_code_on_a_chapter_page(path):
     longest, first = max(shown_code_runs(nbformat.read(str(path), as_version=4)), default=(0, None))
     assert longest <= MAX_CODE_RUN, f"{path.name}: {longest} shown code lines in a row from cell {first}"

@@ -34,6 +34,8 @@ from pathlib import Path
 import nbformat
 import yaml
 
+from servelab.prose import count
+
 ROOT = Path(__file__).resolve().parent.parent
 SETUP_ID = "servelab-setup"
 SETUP_TEMPLATE = '''\
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check and stale:
         print("run: .venv/bin/python tools/sync_notebooks.py", file=sys.stderr)
         return 1
-    print(f"{len(paths)} notebook(s) checked, {len(stale)} {verb}")
+    print(f"{count(len(paths), 'notebook')} checked, {len(stale)} {verb}")
     return 0
 
 

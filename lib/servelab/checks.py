@@ -35,6 +35,7 @@ from servelab.kv import (
 )
 from servelab.ledger import Usage
 from servelab.lifecycle import Ledger, RequestLifecycle, RequestState, SlotPool, reclaim
+from servelab.prose import count
 from servelab.roofline import ModelShape, decode_cost, prefill_cost, ridge_point
 from servelab.sampling import (
     apply_frequency_presence,
@@ -435,7 +436,7 @@ def main() -> int:
     for result in results:
         print(result.line())
     failed = [r.check_id for r in results if not r.passed]
-    print("all sanity checks passed" if not failed else f"{len(failed)} check(s) failed: {', '.join(failed)}")
+    print("all sanity checks passed" if not failed else f"{count(len(failed), 'check')} failed: {', '.join(failed)}")
     return 1 if failed else 0
 
 

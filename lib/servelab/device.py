@@ -17,6 +17,7 @@ import os
 import torch
 
 from servelab._validate import require_name
+from servelab.prose import count
 
 __all__ = ["DEVICE_ENV", "DTYPE_ENV", "DTYPES", "describe_device", "dtype_name", "pick_device"]
 
@@ -69,7 +70,8 @@ def _device(value: str | torch.device | None, name: str) -> torch.device:
         raise ValueError(f"{name} is {str(value)!r} but torch sees no CUDA GPU here "
                          f"(torch {torch.__version__}); use 'cpu' or run on a GPU machine")
     if value.type == "cuda" and value.index is not None and value.index >= torch.cuda.device_count():
-        raise ValueError(f"{name} is {str(value)!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+        raise ValueError(f"{name} is {str(value)!r} but torch sees only "
+                         f"{count(torch.cuda.device_count(), 'CUDA device')}")
     return value
 
 

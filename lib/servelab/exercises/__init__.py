@@ -1,6 +1,6 @@
 """Checkers for the exercise notebooks: students implement a mechanism, a checker runs hidden cases.
 
-Each ``check_*`` function takes the student's function(s) or class, compares it case by case with a
+Each ``check_*`` function takes the student's functions or class, compares it case by case with a
 reference built on the library, prints one line per case (the rule it tests, the points, and for a
 failure what went in, what came out, what was expected and the steps that led there), and returns a
 :class:`CheckResult` (``.passed``, ``.failures``, ``.points``, ``.max_points``, ``.not_implemented``).

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from servelab.exercises.expected import paired, public_expected, reference
 from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
+from servelab.prose import count
 
 __all__ = ["check_admission", "expected_from_reference"]
 
@@ -81,7 +82,7 @@ def _steps(queue: list, pool_blocks: int, held: int, block_size: int) -> str:
     left, parts = pool_blocks - held, []
     for name, prompt, output in queue:
         need = -(-(prompt + output) // block_size)
-        parts.append(f"{name} needs ceil(({prompt} + {output}) / {block_size}) = {need} blocks")
+        parts.append(f"{name} needs ceil(({prompt} + {output}) / {block_size}) = {count(need, 'block')}")
     return f"steps: {pool_blocks} blocks - {held} held = {left} available; " + "; ".join(parts)
 
 

@@ -37,6 +37,7 @@ from servelab.exercises.reaper import reaping, sweep
 from servelab.exercises.result import CheckResult, observing_cases
 from servelab.exercises.sandbox import CaseLog, Limits, RemoteClass, RemoteFunction, Worker
 from servelab.exercises.submissions import Skipped, Submission, find_submissions
+from servelab.prose import count
 
 __all__ = ["CaseGrade", "GradeRun", "Limits", "grade_notebook", "grade_submissions"]
 
@@ -91,7 +92,7 @@ def _note(log: CaseLog, detail: str) -> str:
         head.append(detail)
     calls = log.calls[-_MAX_LOG_LINES:]
     skipped = len(log.calls) - len(calls)
-    steps = [f"... {skipped} earlier call(s)"] if skipped else []
+    steps = [f"... {count(skipped, 'earlier call')}"] if skipped else []
     return "\n".join([*head, *steps, *calls]) or "the answer differs from the hidden case's expected one"
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Hashable
 from servelab.exercises.expected import paired, public_expected, reference
 from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
+from servelab.prose import count
 
 __all__ = ["check_block_allocator", "expected_from_reference", "trace"]
 
@@ -161,5 +162,5 @@ def check_block_allocator(allocator_cls: Callable[[int, int], object], verbose: 
 def worked_example() -> str:
     """The first public scenario: what a correct allocator returns, step by step."""
     (_, n, _, ops, _), expected = _table(None)[0]
-    return "\n".join(f"{_call_text(op)} -> table of {right['result']} blocks; {right['free']} of {n} blocks free"
+    return "\n".join(f"{_call_text(op)} -> table of {count(right['result'], 'block')}; {right['free']} of {n} blocks free"
                      for op, right in zip(ops, expected))

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from servelab.exercises.expected import paired, public_expected, reference
 from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
+from servelab.prose import count
 
 __all__ = ["check_kv_sizing", "expected_from_reference"]
 
@@ -120,7 +121,7 @@ def _capacity_case(fn: Callable[..., int], args: tuple, expected: int) -> None:
         need = -(-(prompt + output) // block)
         raise CaseFailure(f"{_call('max_requests', CAPACITY_NAMES, args)} returned {got!r}, expected {expected}\n"
                           f"steps: the pool holds {pool_bytes} // ({block} x {per_token}) = {blocks} whole blocks; "
-                          f"one request reserves ceil(({prompt} + {output}) / {block}) = {need} blocks; "
+                          f"one request reserves ceil(({prompt} + {output}) / {block}) = {count(need, 'block')}; "
                           f"{blocks} // {need} = {expected}")
 
 

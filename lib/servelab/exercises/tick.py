@@ -34,6 +34,7 @@ from collections.abc import Callable
 from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
 from servelab.kv import blocks_for
+from servelab.prose import count
 
 __all__ = ["SINGLE_TICKS", "blocks_needed", "check_scheduler_tick", "run_workload", "worked_example"]
 
@@ -102,8 +103,8 @@ def _normalise(got: object) -> Plan:
 def _steps(args: tuple, plan: Plan) -> str:
     """The block arithmetic of each pair of ``plan``."""
     block_size, seqs = args[3], _by_id(args)
-    parts = [f"{rid}: {n} token(s), ceil(({seqs[rid][1]} + {n}) / {block_size}) - {seqs[rid][3]} = "
-             f"{blocks_needed(seqs[rid], n, block_size)} new block(s)" for rid, n in plan if rid in seqs]
+    parts = [f"{rid}: {count(n, 'token')}, ceil(({seqs[rid][1]} + {n}) / {block_size}) - {seqs[rid][3]} = "
+             f"{count(blocks_needed(seqs[rid], n, block_size), 'new block')}" for rid, n in plan if rid in seqs]
     return "steps of the expected plan:\n" + "\n".join(f"  {part}" for part in parts or ["nothing is scheduled"])
 
 
@@ -135,9 +136,9 @@ def _budget_error(args: tuple, plan: Plan) -> str | None:
     tokens = sum(n for _, n in plan)
     blocks = sum(blocks_needed(seqs[rid], n, block_size) for rid, n in plan)
     if tokens > budget:
-        return f"the plan computes {tokens} tokens, the token budget is {budget}"
+        return f"the plan computes {count(tokens, 'token')}, the token budget is {budget}"
     if blocks > free:
-        return f"the plan needs {blocks} new blocks, only {free} are free"
+        return f"the plan needs {count(blocks, 'new block')}, only {free} free"
     return None
 
 
@@ -161,14 +162,15 @@ def _turn_error(args: tuple, plan: Plan) -> str | None:
 
 def _turn_of(rid: str, got: int | None, is_waiting: bool, n: int, need: int, budget: int, free: int) -> str | None:
     """What is wrong with ``rid`` getting ``got`` tokens (None: nothing) when the rule gives it ``n``."""
-    at_turn = f"at its turn: {n} token(s) of the {budget} left need {need} new block(s), {free} free"
+    at_turn = (f"at its turn: {count(n, 'token')} of the {budget} left, needing {count(need, 'new block')}, "
+               f"{free} free")
     if need > free:
-        return None if got is None else f"{rid} got {got} tokens, but {at_turn}: it gets nothing this tick"
+        return None if got is None else f"{rid} got {count(got, 'token')}, but {at_turn}: it gets nothing this tick"
     if got is None:
         kind = "work conservation: waiting" if is_waiting else "running sequences first: running"
         return f"{kind} {rid} fit ({at_turn}) but got nothing"
     if got != n:
-        return f"chunk size: {rid} got {got} tokens, expected min(remaining, budget left) = {n} ({at_turn})"
+        return f"chunk size: {rid} got {count(got, 'token')}, expected min(remaining, budget left) = {n} ({at_turn})"
     return None
 
 
@@ -203,11 +205,12 @@ def _checked_plan(schedule: Schedule, args: tuple, where: str) -> Plan:
     return plan
 
 
-def _workload(seed: int, count: int, max_prompt: int, max_output: int, spread: int) -> list[tuple[str, int, int, int]]:
+def _workload(seed: int, num_requests: int, max_prompt: int, max_output: int,
+              spread: int) -> list[tuple[str, int, int, int]]:
     """Seeded ``(request_id, arrival tick, prompt tokens, max output tokens)``, in arrival order."""
     rng = random.Random(seed)
     requests = [(f"r{i}", rng.randrange(spread), rng.randint(1, max_prompt), rng.randint(1, max_output))
-                for i in range(count)]
+                for i in range(num_requests)]
     return sorted(requests, key=lambda r: r[1])
 
 
@@ -257,12 +260,12 @@ def run_workload(schedule: Schedule, requests: list[tuple[str, int, int, int]], 
 
 
 def _simulation(schedule: Schedule, spec: tuple) -> None:
-    seed, count, max_prompt, max_output, spread, pool, block_size, budget, max_seqs = spec
-    requests = _workload(seed, count, max_prompt, max_output, spread)
+    seed, num_requests, max_prompt, max_output, spread, pool, block_size, budget, max_seqs = spec
+    requests = _workload(seed, num_requests, max_prompt, max_output, spread)
     try:
         run_workload(schedule, requests, pool, block_size, budget, max_seqs, f"workload seed {seed}, ")
     except CaseFailure as failure:
-        raise CaseFailure(f"{failure}\nthe workload: {count} requests (id, arrival tick, prompt, max output) "
+        raise CaseFailure(f"{failure}\nthe workload: {count(num_requests, 'request')} (id, arrival tick, prompt, max output) "
                           f"{requests}; pool {pool} blocks x {block_size} slots, token budget {budget}, "
                           f"max_num_seqs {max_seqs}") from None
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from servelab._validate import require_index, require_interval
+from servelab.prose import count
 
 __all__ = ["FILTER_NAMES", "MAX_LOGPROBS", "SamplingParams", "as_int_tuple", "is_int"]
 
@@ -186,7 +187,8 @@ class SamplingParams:
         missing = [name for name, on in self._filter_requested().items()
                    if on and name not in self.filter_order]
         if missing:
-            raise ValueError(f"filter_order omits enabled filter(s) {missing}; list every enabled filter")
+            raise ValueError(f"filter_order omits {count(len(missing), 'enabled filter')} {missing}; "
+                             "list every enabled filter")
 
     def enabled_filters(self) -> tuple[str, ...]:
         """The names in ``filter_order`` whose filter would change something, in application order."""
