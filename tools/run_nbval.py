@@ -18,13 +18,14 @@ import argparse
 import os
 import re
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
 from servelab.nbrun import CommandRun, run_command
+from servelab.prose import count
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_LIMIT_S = 420
@@ -115,28 +116,28 @@ def nbval_notebook(notebook: Path, env: dict[str, str] | None = None, limit_s: f
 def run_nbval(notebooks: list[Path], env: dict[str, str] | None = None, jobs: int = 2,
               limit_s: float = NOTEBOOK_LIMIT_S, label: str = "", where: Interpreter = Interpreter()) -> bool:
     """nbval on every notebook, ``jobs`` at a time (slowest first, so the two workers end together);
-    prints one line per notebook; True if all passed."""
+    prints one line per notebook as it ends; True if all passed."""
     prefix = f"[{label}] " if label else ""
 
     def log(message: str) -> None:
         print(prefix + message, flush=True)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {nb: pool.submit(nbval_notebook, nb, env, limit_s, log, where)
-                   for nb in sorted(notebooks, key=expected_cost, reverse=True)}
-        results = [futures[nb].result() for nb in notebooks]
     failed, warnings = 0, []
-    for run, warning in results:
-        status = "ok" if run.ok else ("HUNG" if run.run.timed_out else "FAIL")
-        print(f"{prefix}{status:4} {run.notebook}  {run.run.seconds:5.1f} s  {run.summary()}", flush=True)
-        if not run.ok and not run.run.timed_out:
-            print(run.run.output[-6000:])
-        if warning:
-            warnings.append(warning)
-        failed += not run.ok
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(nbval_notebook, nb, env, limit_s, log, where)
+                   for nb in sorted(notebooks, key=expected_cost, reverse=True)]
+        for future in as_completed(futures):  # each line as its notebook ends
+            run, warning = future.result()
+            status = "ok" if run.ok else ("HUNG" if run.run.timed_out else "FAIL")
+            log(f"{status:4} {run.notebook}  {run.run.seconds:5.1f} s  {run.summary()}")
+            if not run.ok and not run.run.timed_out:
+                print(run.run.output[-6000:], flush=True)
+            if warning:
+                warnings.append(warning)
+            failed += not run.ok
     for warning in warnings:
         print(f"{prefix}WARNING (retried): {warning}")
-    print(f"{prefix}nbval: {len(notebooks) - failed} passed, {failed} failed notebooks"
+    print(f"{prefix}nbval: {len(notebooks) - failed} of {count(len(notebooks), 'notebook')} passed"
           f"{f', {len(warnings)} retried' if warnings else ''}")
     return failed == 0
 
