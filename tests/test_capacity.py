@@ -204,3 +204,50 @@ def test_prefill_attention_flops_grow_with_the_square_of_the_prompt():
     assert attention == pytest.approx(4 * 80 * 64 * 128 * 4096**2)
     linear2, attention2 = capacity.prefill_flops(70e9, 8192, 80, 64, 128)
     assert linear2 / linear == pytest.approx(2) and attention2 / attention == pytest.approx(4)
+
+
+def test_breakeven_acceptance_makes_speculation_break_even():
+    for cycle_cost, k in ((2.14, 4), (3.32, 4), (1.5, 1), (4.9, 4)):
+        a = capacity.breakeven_acceptance(cycle_cost, k)
+        assert 0 < a <= 1
+        # at the break-even acceptance a cycle buys exactly what it costs: speed-up 1 against plain decoding
+        tokens = expected_tokens_per_cycle(a, k)
+        assert tokens == pytest.approx(cycle_cost, rel=1e-9)
+        assert speculative_speedup(1.0, 0.0, cycle_cost, tokens) == pytest.approx(1.0, rel=1e-9)
+        # a little more acceptance pays, a little less does not
+        assert expected_tokens_per_cycle(min(1.0, a + 1e-3), k) > cycle_cost
+        assert expected_tokens_per_cycle(a - 1e-3, k) < cycle_cost
+
+
+def test_breakeven_acceptance_is_monotone_in_draft_cost():
+    verify, k = 1.5, 4  # a (k + 1)-token verify pass costs 1.5 plain steps; drafts cost c steps each
+    costs = [0.0, 0.01, 0.05, 0.1, 0.2, 0.4, 0.8]
+    breakeven = [capacity.breakeven_acceptance(verify + k * c, k) for c in costs]
+    assert breakeven == sorted(breakeven) and len(set(breakeven)) == len(breakeven)
+
+
+def test_breakeven_acceptance_edges():
+    assert capacity.breakeven_acceptance(1.0, 4) == 0.0  # no dearer than a plain step: pays at any acceptance
+    assert capacity.breakeven_acceptance(0.5, 4) == 0.0
+    assert capacity.breakeven_acceptance(5.0, 4) == pytest.approx(1.0)  # only perfect acceptance pays
+    assert math.isnan(capacity.breakeven_acceptance(5.01, 4))  # nothing pays for this cycle
+    # the draft-free case of the formula: k = 1 buys 1 + a tokens, so break-even is cost - 1
+    assert capacity.breakeven_acceptance(1.3, 1) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    "args, exc, word",
+    [
+        ((0, 4), ValueError, "cycle_cost"),
+        ((-1.0, 4), ValueError, "cycle_cost"),
+        ((math.nan, 4), ValueError, "cycle_cost"),
+        ((math.inf, 4), ValueError, "cycle_cost"),
+        (("2", 4), TypeError, "cycle_cost"),
+        ((2.0, -1), ValueError, "draft_len"),
+        ((2.0, 4.0), TypeError, "draft_len"),
+        ((2.0, True), TypeError, "draft_len"),
+    ],
+)
+def test_breakeven_acceptance_bad_inputs(args, exc, word):
+    with pytest.raises(exc, match=word):
+        capacity.breakeven_acceptance(*args)

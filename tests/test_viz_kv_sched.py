@@ -229,6 +229,15 @@ def test_engine_gantt_figure_places_bars_in_time():
         sched_viz.engine_gantt_figure({"run": []})
 
 
+def test_batching_gain_figure_draws_both_gains_per_model():
+    fig = sched_viz.batching_gain_figure(["tiny", "real"], [2.1, 2.1], [1.5, 1.2])
+    steps, time = fig.data
+    assert list(steps.x) == ["tiny", "real"] and list(steps.y) == [2.1, 2.1]
+    assert list(time.y) == [1.5, 1.2] and fig.layout.barmode == "group"
+    with pytest.raises(ValueError):
+        sched_viz.batching_gain_figure(["tiny"], [2.1, 2.1], [1.5])
+
+
 def test_iteration_gantt_figure_and_exercise_numbers():
     scenario = chunked_prefill_scenario()
     trace = simulate_iterations(scenario.requests, scenario.tokens_per_tick, scenario.chunked_budget)

@@ -37,6 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import nbformat
 from run_nbval import NOTEBOOK_LIMIT_S, Interpreter, run_nbval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,12 +78,35 @@ def fresh_venv(where: Path, wheel: Path) -> Path:
     return python
 
 
+GLUE_RECORD = "application/papermill.record/"
+"""The prefix of the data myst-nb's ``glue`` writes for the book; where myst-nb is not installed (a
+student's machine, Colab, this clean install) :func:`servelab.viz.core.publish` writes nothing."""
+
+
+def without_glue_records(nb) -> None:
+    """Drop the book's glue records from a notebook's saved outputs, so that nbval compares a checked
+    cell against what it prints on a student's install: the same outputs, less the records."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for output in cell.outputs:
+            for key in [k for k in output.get("data", {}) if k.startswith(GLUE_RECORD)]:
+                del output["data"][key]
+        cell.outputs = [o for o in cell.outputs if "data" not in o or o["data"]]
+
+
 def copy_notebooks(folder: Path) -> list[Path]:
-    """The course notebooks, copied (with their sub-folders) under ``folder``, and the book's pages beside
-    them as in a downloaded copy of the course: the course-plan notebook counts the words of ``../book``."""
+    """The course notebooks, copied (with their sub-folders) under ``folder`` with the book's glue
+    records left out of their saved outputs, and the book's pages beside them as in a downloaded copy of
+    the course: the course-plan notebook counts the words of ``../book``."""
     shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     shutil.copytree(ROOT / "book", folder.parent / "book", ignore=shutil.ignore_patterns("_build"))
-    return sorted(folder.rglob("*.ipynb"))
+    paths = sorted(folder.rglob("*.ipynb"))
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        without_glue_records(nb)
+        nbformat.write(nb, path)
+    return paths
 
 
 def run_all(folder: Path, python: Path, env: dict[str, str], limit_s: float = NOTEBOOK_LIMIT_S) -> int:

@@ -57,6 +57,7 @@ __all__ = [
     "speculative_time_per_token",
     "speculative_speedup",
     "expected_tokens_per_cycle",
+    "breakeven_acceptance",
 ]
 
 GB = 10**9
@@ -492,3 +493,30 @@ def expected_tokens_per_cycle(acceptance_rate: float, draft_len: int) -> float:
     a = _fraction("acceptance_rate", acceptance_rate)
     k = require_int("draft_len", draft_len, 0)
     return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def breakeven_acceptance(cycle_cost: float, draft_len: int, tol: float = 1e-12) -> float:
+    """The acceptance rate at which speculation exactly breaks even with plain decoding.
+
+    A cycle drafts ``draft_len`` tokens and verifies them in one target forward pass; ``cycle_cost`` is
+    what the whole cycle costs (``draft_len`` draft steps plus the verify pass) in units of one plain
+    single-token target step, so plain decoding buys 1 token per unit. The cycle buys
+    :func:`expected_tokens_per_cycle` tokens, which assumes every drafted token is accepted
+    independently with the same probability ``a``. Returns the ``a`` in ``[0, 1]`` where the two are
+    equal, i.e. where :func:`speculative_speedup` is exactly 1 (found by bisection, to within ``tol``):
+    above it speculation is faster, below it slower. It is 0 when ``cycle_cost <= 1`` (a cycle that
+    costs no more than a plain step pays at any acceptance) and NaN when ``cycle_cost > draft_len + 1``
+    (even an acceptance of 1 does not pay for the cycle). Acceptance is a probability: no unit.
+    """
+    cost = require_real("cycle_cost", cycle_cost, 0, strict_min=True)
+    k = require_int("draft_len", draft_len, 0)
+    tol = require_real("tol", tol, 0, strict_min=True)
+    if cost <= 1:
+        return 0.0
+    if cost > k + 1:
+        return math.nan
+    low, high = 0.0, 1.0
+    while high - low > tol:
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_tokens_per_cycle(mid, k) < cost else (low, mid)
+    return high
