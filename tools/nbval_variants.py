@@ -17,8 +17,9 @@ changed at once:
 
 An output that depends on any one cause changes under the combined run unless another cause cancels
 that change exactly in every printed digit; one combined run costs half of one run per cause. The
-variant first checks that the forced capability is really in effect; each notebook runs in a process
-of its own under a hard limit (``run_nbval.py``).
+variant first checks that the forced capability is really in effect. Each notebook runs from a copy
+cut after its last checked cell (nothing later can change a checked output), in a process of its own
+under a hard limit (``run_nbval.py``).
 
 Usage::
 
@@ -31,12 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_nbval import run_nbval  # noqa: E402
+from run_nbval import Interpreter, run_nbval  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK_TAG = "nbval-check-output"
@@ -45,20 +48,42 @@ CHECK_COMMENT = "# NBVAL_CHECK_OUTPUT"
 NUMPY_ABOVE_AVX2 = ("X86_V4", "AVX512_ICL", "AVX512_SPR")
 
 
+def is_checked(cell: dict) -> bool:
+    """Whether nbval compares this cell's output."""
+    if cell["cell_type"] != "code":
+        return False
+    source = "".join(cell["source"]).lstrip()
+    return CHECK_TAG in cell.get("metadata", {}).get("tags", []) or source.startswith(CHECK_COMMENT)
+
+
 def has_checked_cell(path: Path) -> bool:
     """Whether the notebook at ``path`` has a cell whose output nbval compares."""
-    for cell in json.loads(path.read_text())["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        source = "".join(cell["source"]).lstrip()
-        if CHECK_TAG in cell.get("metadata", {}).get("tags", []) or source.startswith(CHECK_COMMENT):
-            return True
-    return False
+    return any(is_checked(cell) for cell in json.loads(path.read_text())["cells"])
 
 
 def checked_notebooks(folder: Path = ROOT / "notebooks") -> list[Path]:
     return sorted(p for p in folder.rglob("*.ipynb")
                   if ".ipynb_checkpoints" not in p.parts and has_checked_cell(p))
+
+
+def up_to_last_checked(path: Path) -> None:
+    """Cut the notebook at ``path`` after its last checked cell: what runs later cannot change a
+    checked output, and §7's last half (real-model timings) is most of its run time."""
+    nb = json.loads(path.read_text())
+    last = max(index for index, cell in enumerate(nb["cells"]) if is_checked(cell))
+    nb["cells"] = nb["cells"][:last + 1]
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+def truncated_copies(notebooks: list[Path], folder: Path) -> list[Path]:
+    """The notebooks copied under ``folder/notebooks`` (the book's pages beside them, which the course
+    plan reads) and each cut after its last checked cell; returns the copies of ``notebooks``."""
+    shutil.copytree(ROOT / "notebooks", folder / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    shutil.copytree(ROOT / "book", folder / "book", ignore=shutil.ignore_patterns("_build"))
+    copies = [folder / path.relative_to(ROOT) for path in notebooks]
+    for copy in copies:
+        up_to_last_checked(copy)
+    return copies
 
 
 def _probe(env: dict[str, str], code: str) -> str:
@@ -100,15 +125,19 @@ def check_forced(env: dict[str, str]) -> None:
 
 
 def run_variants(runs: list[tuple[str, dict[str, str]]], notebooks: list[Path]) -> list[str]:
-    """Run the variants one after the other, each notebook in a process of its own under a hard limit
-    (``run_nbval.py``), as many at a time as there are CPU cores; return the names that failed."""
+    """Run the variants one after the other on copies of the notebooks cut after their last checked
+    cell, each notebook in a process of its own under a hard limit (``run_nbval.py``), as many at a
+    time as there are CPU cores; return the names that failed."""
     failed = []
-    for name, overrides in runs:
-        env = {**os.environ, **overrides}
-        check_forced(env)
-        print(f"== {name}: {' '.join(f'{k}={v}' for k, v in overrides.items())}", flush=True)
-        if not run_nbval(notebooks, env=env, jobs=max(1, min(2, os.cpu_count() or 1)), label=name):
-            failed.append(name)
+    with tempfile.TemporaryDirectory(prefix="servelab-variants-") as tmp:
+        copies = truncated_copies(notebooks, Path(tmp))
+        for name, overrides in runs:
+            env = {**os.environ, **overrides}
+            check_forced(env)
+            print(f"== {name}: {' '.join(f'{k}={v}' for k, v in overrides.items())}", flush=True)
+            if not run_nbval(copies, env=env, jobs=max(1, min(2, os.cpu_count() or 1)), label=name,
+                             where=Interpreter(cwd=Path(tmp))):
+                failed.append(name)
     return failed
 
 
