@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from servelab._validate import require_int
-from servelab.engine.attention import KVCache, PagedAttention, build_metadata
+from servelab.engine.model_runner import KVCache, PagedAttention, build_metadata
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling import SamplingParams, next_token_distribution, sample
 from servelab.sampling.reference import _check_probs

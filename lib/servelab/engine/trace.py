@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from servelab.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-    from servelab.kv.allocator import BlockAllocator
+    from servelab.kv.block_pool import BlockPool
 
 
 @dataclass
@@ -76,7 +76,7 @@ class StepRecord:
         counts[chunk.seq_id] = chunk.num_tokens
         self.positions[chunk.seq_id] = (chunk.start, chunk.start + chunk.num_tokens)
 
-    def close(self, sched: "SchedulerOutput", allocator: "BlockAllocator", scheduler: "Scheduler",
+    def close(self, sched: "SchedulerOutput", allocator: "BlockPool", scheduler: "Scheduler",
               finished: dict[str, str], end: float) -> None:
         """Copy the tick's decisions, the pool's and queues' state after the step, and the end time."""
         self.admitted, self.preempted = list(sched.admitted), list(sched.preempted)
@@ -84,8 +84,7 @@ class StepRecord:
         self.descheduled, self.paused = list(sched.descheduled), list(sched.paused)
         self.finished = finished
         self.blocks_used, self.blocks_free = allocator.num_used_blocks, allocator.num_free_blocks
-        view = allocator.inspect()
-        self.blocks_shared, self.blocks_cached = view.num_shared_blocks, view.num_cached_free_blocks
+        self.blocks_shared, self.blocks_cached = allocator.num_shared_blocks, allocator.num_cached_free_blocks
         self.num_waiting, self.num_running = len(scheduler.waiting), len(scheduler.running)
         self.num_swapped = len(scheduler.swapped)
         self.end = end

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from servelab._validate import require_real
 from servelab.engine import LLMEngine, RequestOutput
-from servelab.engine.outputs import StepOutputs
+from servelab.engine.sequence import StepOutputs
 from servelab.sampling import SamplingParams
 from servelab.server.streams import (BackpressurePolicy, BridgeError, EngineFailure, InvalidRequest, Overloaded,
                                      QueueTimeout, RequestStream, SlowClient)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from servelab.engine import RequestOutput
-from servelab.engine.sampler import TokenLogprob
+from servelab.engine.logprobs import TokenLogprob
 from servelab.server.streams import (BridgeError, EngineFailure, InvalidRequest, QueueTimeout, RequestStream,
                                      SlowClient)
 from servelab.server.gate import Rejection
