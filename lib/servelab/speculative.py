@@ -17,7 +17,7 @@ the sequence's last n-gram). A deterministic proposer drafts from a one-hot ``q`
 applies unchanged: keep ``x`` with probability ``p(x)``, otherwise draw from ``p`` with ``x`` removed
 and renormalised. Each model keeps one sequence's K/V in a
 :class:`KVSession`, a single-sequence user of the engine's paged pool and paged attention backend
-(``servelab.engine.attention``), so there is no second attention implementation here. Per cycle the
+(``servelab.engine.model_runner``), so there is no second attention implementation here. Per cycle the
 bookkeeping keeps three counts apart, as a serving scheduler must:
 
 * *verified*: drafted tokens the target scored (``k`` per cycle, fewer near ``max_new_tokens`` or when

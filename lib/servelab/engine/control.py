@@ -86,7 +86,8 @@ class EngineControls:
         ``prompt`` is text or token ids. ``deadline_s`` (seconds after arrival) ends it as ``timed_out``
         if it has not finished by then. ``namespace`` salts the prefix cache (tenants never share KV
         across namespaces). ``priority`` orders the queue under the ``"priority"`` policy (lower first).
-        ``tenant`` names who sent it for the ``"fair-queuing"`` policy (None: the ``namespace``). Checks: :class:`~servelab.engine.validation.RequestValidator`.
+        ``tenant`` names who sent it for the ``"fair-queuing"`` policy (None: the ``namespace``).
+        Checks: :class:`~servelab.engine.validation.RequestValidator`.
         """
         arrival = self.clock()
         prompt_ids = self.validator.prompt_ids(prompt)

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from servelab.engine.config import RESERVATION_POLICIES, EngineConfig
 from servelab.engine.sequence import Sequence, SeqStatus
+from servelab.engine.swap import swap_in
 from servelab.kv.allocator import BlockAllocator, BlockCopy, OutOfBlocks
 from servelab.kv.arithmetic import blocks_for
 from servelab.lifecycle import SlotPool
@@ -195,7 +196,7 @@ class Scheduler:
         self.ticks += 1
         out = SchedulerOutput()
         if self.swapped:
-            self._swap_in(out)
+            swap_in(self, out)
         self.running.sort(key=self.key)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         scheduled = {c.seq_id for c in out.chunks}
@@ -304,25 +305,6 @@ class Scheduler:
             seq.status = SeqStatus.WAITING
             self.waiting.append(seq)
             out.preempted.append(seq.seq_id)
-
-    def _swap_in(self, out: SchedulerOutput) -> None:
-        """Bring swapped sequences (not paused ones) back while slots and blocks allow, best-ranked first."""
-        self.swapped.sort(key=self.key)
-        for seq in [s for s in self.swapped if not s.paused]:
-            if self.slots.available < seq.batch_slots:
-                return
-            if not self.allocator.reserve(seq.seq_id, blocks_for(seq.num_tokens, self.config.block_size)):
-                return  # its KV plus the slots of its next chunk
-            self.slots.acquire(seq.seq_id, seq.batch_slots)
-            blocks = self.allocator.restore(seq.seq_id, seq.num_computed, seq.token_ids[:seq.num_computed],
-                                            namespace=seq.namespace)
-            self.allocator.release_reservation(seq.seq_id)
-            self.mover.swap_in(seq.seq_id, blocks)
-            self.allocator.mark_computed(seq.seq_id, seq.num_computed)  # the KV is back: offer it to the cache
-            self.swapped.remove(seq)
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
-            out.swapped_in.append(seq.seq_id)
 
     # ------------------------------------------------------------------------------- admission
 

@@ -1,8 +1,9 @@
-"""Host swap space: where a sequence preempted by swap keeps its KV until it is swapped back in.
+"""Swapping: host swap space, where a sequence preempted by swap keeps its KV, and the scheduler's swap-ins.
 
 Only ``EngineConfig(preemption_mode="swap")`` under KV pressure uses it: ``ModelRunner.swap_out`` copies a
-victim's computed blocks here, ``ModelRunner.swap_in`` writes them into fresh device blocks, and a swapped
-sequence that ends drops its copy (``ModelRunner.drop_swapped``). No ordinary step touches it.
+victim's computed blocks here, :func:`swap_in` (called by a tick while something is swapped out) writes
+them into fresh device blocks, and a swapped sequence that ends drops its copy
+(``ModelRunner.drop_swapped``). No ordinary step touches it.
 
 System boundary: host tensors, counted in blocks of the device pool (``EngineConfig.swap_space_bytes``
 divided by the bytes of one block, all layers, K and V).
@@ -14,8 +15,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from servelab.engine.sequence import SeqStatus
+from servelab.kv.arithmetic import blocks_for
+
 if TYPE_CHECKING:
     from servelab.engine.model_runner import KVCache
+    from servelab.engine.scheduler import Scheduler, SchedulerOutput
 
 
 class HostSwapSpace:
@@ -50,3 +55,25 @@ class HostSwapSpace:
         _, _, blocks = self._data.pop(owner, (None, None, 0))
         self.in_use -= blocks
         return blocks
+
+
+def swap_in(scheduler: "Scheduler", out: "SchedulerOutput") -> None:
+    """One tick's swap-ins: bring swapped sequences (not paused ones) back while batch slots and blocks
+    allow, best-ranked first; each gets fresh blocks (``BlockAllocator.restore``) its host copy is written
+    into, and rejoins the running queue."""
+    scheduler.swapped.sort(key=scheduler.key)
+    for seq in [s for s in scheduler.swapped if not s.paused]:
+        if scheduler.slots.available < seq.batch_slots:
+            return
+        if not scheduler.allocator.reserve(seq.seq_id, blocks_for(seq.num_tokens, scheduler.config.block_size)):
+            return  # its KV plus the slots of its next chunk
+        scheduler.slots.acquire(seq.seq_id, seq.batch_slots)
+        blocks = scheduler.allocator.restore(seq.seq_id, seq.num_computed, seq.token_ids[:seq.num_computed],
+                                             namespace=seq.namespace)
+        scheduler.allocator.release_reservation(seq.seq_id)
+        scheduler.mover.swap_in(seq.seq_id, blocks)
+        scheduler.allocator.mark_computed(seq.seq_id, seq.num_computed)  # the KV is back: offer it to the cache
+        scheduler.swapped.remove(seq)
+        seq.status = SeqStatus.RUNNING
+        scheduler.running.append(seq)
+        out.swapped_in.append(seq.seq_id)
