@@ -8,7 +8,7 @@ import torch
 from servelab.device import DEVICE_ENV, DTYPE_ENV, describe_device, pick_device
 from servelab.engine import EngineConfig
 from servelab.engine.bench import engine_config, hardware, main
-from servelab.engine.model_runner import resolve_device_dtype
+from servelab.device import resolve_device_dtype
 from servelab.model import LlamaConfig, LlamaForCausalLM
 
 

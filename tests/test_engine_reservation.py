@@ -1,4 +1,4 @@
-"""The admission rule (servelab.engine.reservation): on-demand vs up-front KV reservation.
+"""The admission rule (servelab.engine.scheduler.ReservationPolicy): on-demand vs up-front KV reservation.
 
 Two-phase admission holds a reservation from admission until the blocks it promised are allocated or
 the request ends; every exit path (finish, cancel, deadline, failure, preemption, a sample ending early)
@@ -8,7 +8,7 @@ import pytest
 
 from servelab.engine import EngineConfig, LLMEngine
 from servelab.engine.admission_study import compare_reservation_policies
-from servelab.engine.reservation import RESERVATION_POLICIES, ReservationPolicy
+from servelab.engine.scheduler import RESERVATION_POLICIES, ReservationPolicy
 from servelab.lifecycle import RequestState
 from servelab.sampling import SamplingParams
 

@@ -11,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import servelab.kv.allocator
 import servelab.kv.arithmetic
+import servelab.kv.block_pool
 import servelab.kv.inspection
 from servelab.kv import (
     BlockAllocator,
@@ -30,7 +31,8 @@ GIB = 1024**3
 
 
 def test_docstring_examples_hold():
-    results = [doctest.testmod(module) for module in (servelab.kv.arithmetic, servelab.kv.allocator)]
+    results = [doctest.testmod(module) for module in (servelab.kv.arithmetic, servelab.kv.allocator,
+                                                     servelab.kv.block_pool)]
     failed, attempted = (sum(counts) for counts in zip(*results))
     assert attempted >= 10 and failed == 0
 

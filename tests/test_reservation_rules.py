@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servelab.engine import EngineConfig
-from servelab.engine.reservation import RESERVATION_POLICIES, ReservationPolicy
+from servelab.engine.scheduler import RESERVATION_POLICIES, ReservationPolicy
 from servelab.lifecycle import STATE_TABLE, RequestState
 from servelab.reservation_rules import RULES, default_policy, default_rule, rule_for
 from servelab.viz.lifecycle import state_guard, state_table

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from servelab.engine import EngineConfig, LLMEngine
-from servelab.engine.sampler import token_logprobs
+from servelab.engine.logprobs import token_logprobs
 from servelab.sampling import SamplingParams
 from servelab.server import BackgroundServer, ServerConfig
 from test_server import TEXT, model, tokenizer  # noqa: F401  the server tests' tiny model, tokenizer and text

@@ -27,18 +27,17 @@ PACKAGE = "servelab"
 # One engine step, file by file in the order a reader meets them: (module, what to read there, why).
 ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("servelab.engine.engine", ("LLMEngine.step", "LLMEngine._run"), "the step's five phases, in order"),
-    ("servelab.engine.scheduler", ("Scheduler.schedule",), "phase 1: swap-ins, decodes, prefill chunks, admissions"),
-    ("servelab.queue_policy", ("POLICIES",), "the order the waiting queue is served in"),
-    ("servelab.engine.reservation", ("ReservationPolicy.admit",), "the blocks an admission reserves"),
-    ("servelab.kv.allocator", ("BlockAllocator.allocate_prompt", "BlockAllocator.append_tokens"),
+    ("servelab.engine.scheduler", ("Scheduler.schedule", "ReservationPolicy.admit"),
+     "phase 1: swap-ins, decodes, prefill chunks, admissions and the blocks each one reserves"),
+    ("servelab.queue_policy", ("POLICIES", "rank_waiting"), "the order the waiting queue is served in"),
+    ("servelab.kv.block_pool", ("BlockPool.allocate_prompt", "BlockPool.append_tokens"),
      "block tables, prefix hits, copy-on-write"),
-    ("servelab.engine.model_runner", ("ForwardInput.from_chunks", "ModelRunner.execute"),
-     "phases 2 and 3: the chunks as one flat batch, the forward pass"),
-    ("servelab.engine.attention", ("PagedAttention",), "K/V written into slots, read through block tables"),
+    ("servelab.engine.model_runner", ("ForwardInput.from_chunks", "ModelRunner.execute", "PagedAttention"),
+     "phases 2 and 3: the chunks as one flat batch, the forward pass, K/V through block tables"),
     ("servelab.engine.sampler", ("sample_tokens",), "phase 4: one token per sample, batched"),
-    ("servelab.engine.outputs", ("accept_token",), "phase 5: stop strings, finish reasons, outputs"),
-    ("servelab.engine.sequence", ("Sequence",), "the per-sample record every phase reads and writes"),
-    ("servelab.engine.trace", ("StepRecord",), "the step's trace record"),
+    ("servelab.engine.sequence", ("Sequence", "accept_token"),
+     "phase 5 on the per-sample record: stop strings, finish reasons, outputs"),
+    ("servelab.engine.trace", ("StepRecord",), "the step's trace record (tracing is on by default)"),
 )
 
 

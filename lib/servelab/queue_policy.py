@@ -2,8 +2,8 @@
 
 A policy reads a waiting request through a small interface, :class:`Queued`: its place in arrival order,
 its priority class and the tokens it still owes. The engine's ``Sequence`` and the simulators' views of
-their requests both provide it, so the engine's scheduler (``EngineConfig.policy`` names a key in
-:data:`POLICIES`) and :mod:`servelab.batching` sort with the same functions.
+their requests both provide it, so the engine's scheduler (``EngineConfig.policy`` names one of
+:data:`ENGINE_POLICIES`) and :mod:`servelab.batching` sort with the same functions.
 
 * A *key* maps one request to a tuple; smaller keys are served first (and, in the engine, preempted
   last). Every key ends with the arrival index, so the order is total and deterministic.
@@ -12,8 +12,9 @@ their requests both provide it, so the engine's scheduler (``EngineConfig.policy
   the picks before it (a virtual token counter per tenant).
 
 System boundary: ordering only. Whether a request fits (batch slots, token budget, KV blocks) is the
-scheduler's decision. Aging and fair queuing need state the engine does not keep (waiting time, tokens
-served per tenant), so only the simulators use them today.
+scheduler's decision. The state aging and fair queuing read is the caller's: the engine's scheduler counts
+waiting in scheduler ticks and tokens served per tenant (``servelab.engine.scheduler``), the simulators
+in their own ticks.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol, TypeVar
 
 __all__ = ["Queued", "Aged", "Tenanted", "Key", "fcfs", "priority", "shortest_job_first", "POLICIES", "aging",
-           "fair_queuing"]
+           "fair_queuing", "ENGINE_POLICIES", "running_key", "rank_waiting"]
 
 
 class Queued(Protocol):
@@ -107,3 +108,22 @@ def fair_queuing(waiting: Iterable[_T], served: Mapping[str, int]) -> list[_T]:
         ranked.append(queues[tenant].pop(0))
         counters[tenant] += 1
     return ranked
+
+
+ENGINE_POLICIES = (*POLICIES, "sjf-aging", "fair-queuing")
+"""The names ``EngineConfig.policy`` accepts: the three keys, SJF with aging, per-tenant fair queuing."""
+
+
+def running_key(policy: str) -> Key:
+    """The key that orders the running and swapped queues (and picks victims: the largest goes first):
+    the policy's own, SJF under ``"sjf-aging"`` (a running request waits no more), FCFS under
+    ``"fair-queuing"``."""
+    return POLICIES.get(policy, shortest_job_first if policy == "sjf-aging" else fcfs)
+
+
+def rank_waiting(policy: str, waiting: list[_T], served: Mapping[str, int], aging_rate: float) -> list[_T]:
+    """``waiting`` best first under ``policy`` (one of :data:`ENGINE_POLICIES`); ``served`` and
+    ``aging_rate`` are read only by fair queuing and by aging."""
+    if policy == "fair-queuing":
+        return fair_queuing(waiting, served)
+    return sorted(waiting, key=aging(aging_rate) if policy == "sjf-aging" else POLICIES[policy])

@@ -2,7 +2,7 @@
 it from.
 
 ``EngineConfig.reservation_policy`` names the rule an engine admits by (the behaviour lives in
-``servelab.engine.reservation``). The state table's guard, its hover text in the state diagram and
+``servelab.engine.scheduler.ReservationPolicy``). The state table's guard, its hover text in the state diagram and
 every sentence of the book that says what a reservation covers are built from :func:`rule_for` and
 :func:`default_policy`, so the book cannot state the rule two ways. ``tests/test_reservation_rules.py``
 checks each sentence against the policy's behaviour; ``browser_tests/test_html.py`` checks that every
@@ -17,7 +17,7 @@ RULES: dict[str, str] = {
     "on-demand": "the blocks of the uncached prompt only, the output growing block by block",
     "up-front": "the blocks of the uncached prompt plus those of max_tokens more tokens",
 }
-"""What admission reserves under each policy of ``servelab.engine.reservation.RESERVATION_POLICIES``."""
+"""What admission reserves under each policy of ``servelab.engine.config.RESERVATION_POLICIES``."""
 
 
 def rule_for(policy: str) -> str:

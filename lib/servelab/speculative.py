@@ -17,7 +17,7 @@ the sequence's last n-gram). A deterministic proposer drafts from a one-hot ``q`
 applies unchanged: keep ``x`` with probability ``p(x)``, otherwise draw from ``p`` with ``x`` removed
 and renormalised. Each model keeps one sequence's K/V in a
 :class:`KVSession`, a single-sequence user of the engine's paged pool and paged attention backend
-(``servelab.engine.attention``), so there is no second attention implementation here. Per cycle the
+(``servelab.engine.model_runner``), so there is no second attention implementation here. Per cycle the
 bookkeeping keeps three counts apart, as a serving scheduler must:
 
 * *verified*: drafted tokens the target scored (``k`` per cycle, fewer near ``max_new_tokens`` or when
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from servelab._validate import require_int
-from servelab.engine.attention import KVCache, PagedAttention, build_metadata
+from servelab.engine.model_runner import KVCache, PagedAttention, build_metadata
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling import SamplingParams, next_token_distribution, sample
 from servelab.sampling.reference import _check_probs

@@ -5,18 +5,20 @@ Module map (one concept each, in the order a request meets them):
 
 * :mod:`~servelab.engine.config` -- :class:`EngineConfig`, every knob;
 * :mod:`~servelab.engine.validation` -- every check ``add_request`` makes;
-* :mod:`~servelab.engine.request` -- the engine's request record; :mod:`~servelab.engine.sequence` -- the
-  scheduler's (tokens, KV progress, timestamps) and the incremental detokeniser;
+* :mod:`~servelab.engine.control` -- the API between steps (add, cancel, pause / resume, stats) and the
+  stream and generate drivers;
+* :mod:`~servelab.engine.request` -- the engine's request record; :mod:`~servelab.engine.sequence` -- one
+  sample's record (tokens, KV progress, text, timestamps), output processing and the step's outputs;
 * :mod:`servelab.queue_policy` (shared with the tick simulators) -- queue order and preemption victims
-  (FCFS, priority, SJF);
-* :mod:`~servelab.engine.reservation` -- the admission rule: on-demand or up-front KV reservation;
-* :mod:`~servelab.engine.scheduler` -- one tick: admission, token budget, preemption;
-* :mod:`~servelab.engine.attention` -- the paged KV pool and the paged attention backend;
-* :mod:`~servelab.engine.model_runner` -- one forward pass over a named ``ForwardInput``; swap space;
+  (FCFS, priority, SJF, SJF with aging, per-tenant fair queuing);
+* :mod:`~servelab.engine.scheduler` -- one tick: admission under the reservation rule, token budget,
+  preemption;
+* :mod:`~servelab.engine.model_runner` -- the paged KV pool, paged attention, one forward pass over a
+  named ``ForwardInput``; :mod:`~servelab.engine.swap` -- host swap space; :mod:`~servelab.engine.gpu_memory`
+  -- sizing the pool;
 * :mod:`~servelab.engine.sampler` -- the batched torch sampler;
-* :mod:`~servelab.engine.outputs` -- output processing: text, stop strings, emitted ids, outputs;
 * :mod:`~servelab.engine.engine` -- :class:`LLMEngine`: ``step`` as schedule -> prepare inputs -> forward
-  -> sample -> process outputs; :mod:`~servelab.engine.control` -- the stream and generate drivers;
+  -> sample -> process outputs;
 * :mod:`~servelab.engine.reference` -- the plain full-recompute loop the tests compare against;
 * :mod:`~servelab.engine.trace` -- per-step records; :mod:`~servelab.engine.bench` -- the benchmark;
   :mod:`~servelab.engine.admission_study` -- both admission rules measured on one workload.

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab._validate import require_int, require_interval, require_type
-from servelab.engine.reservation import RESERVATION_POLICIES
-from servelab.queue_policy import POLICIES
+from servelab._validate import require_int, require_interval, require_real, require_type
+from servelab.queue_policy import ENGINE_POLICIES
 
 PREEMPTION_MODES = ("recompute", "swap")
+RESERVATION_POLICIES = ("on-demand", "up-front")  # the rules of servelab.engine.scheduler.ReservationPolicy
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,15 @@ class EngineConfig:
         preemption_mode: ``"recompute"`` (drop the KV, prefill again later) or ``"swap"`` (copy the KV
             to host memory and back).
         swap_space_bytes: host memory (bytes) for swapped-out KV; when full, preemption recomputes.
-        policy: queue order and victim choice, a name in ``servelab.queue_policy.POLICIES``: ``"fcfs"``
-            (arrival), ``"priority"`` (lower value first, then arrival) or ``"sjf"`` (fewest tokens left
-            under ``max_tokens`` first).
-        reservation_policy: the admission rule, a name in
-            ``servelab.engine.reservation.RESERVATION_POLICIES``: ``"on-demand"`` (reserve the uncached
+        policy: queue order and victim choice, a name in ``servelab.queue_policy.ENGINE_POLICIES``:
+            ``"fcfs"`` (arrival), ``"priority"`` (lower value first, then arrival), ``"sjf"`` (fewest tokens
+            left under ``max_tokens`` first), ``"sjf-aging"`` (SJF, less ``aging_rate`` tokens per scheduler
+            tick waited since the request was queued) or ``"fair-queuing"`` (the tenant with the fewest
+            tokens sampled so far first, FCFS within a tenant; ``add_request(tenant=...)``). Running
+            and swapped sequences follow the key of ``servelab.queue_policy.running_key``.
+        aging_rate: tokens of rank one scheduler tick of waiting earns under ``"sjf-aging"`` (>= 0).
+        reservation_policy: the admission rule, a name in :data:`RESERVATION_POLICIES` (see
+            ``servelab.engine.scheduler.ReservationPolicy``): ``"on-demand"`` (reserve the uncached
             prompt blocks, grow block by block, preempt under pressure) or ``"up-front"`` (reserve
             prompt + ``max_tokens`` blocks at admission, never preempt).
         max_model_len: context limit in tokens (prompt + output); ``None`` uses the model's
@@ -75,6 +79,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     swap_space_bytes: int = 256 * 2**20
     policy: str = "fcfs"
+    aging_rate: float = 1.0
     reservation_policy: str = "on-demand"
     max_model_len: int | None = None
     device: str | None = None
@@ -97,8 +102,9 @@ class EngineConfig:
             require_type(name, getattr(self, name), bool)
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {tuple(POLICIES)}, got {self.policy!r}")
+        if self.policy not in ENGINE_POLICIES:
+            raise ValueError(f"policy must be one of {ENGINE_POLICIES}, got {self.policy!r}")
+        require_real("aging_rate", self.aging_rate, 0)
         if self.reservation_policy not in RESERVATION_POLICIES:
             raise ValueError(f"reservation_policy must be one of {RESERVATION_POLICIES}, "
                              f"got {self.reservation_policy!r}")

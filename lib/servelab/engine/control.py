@@ -1,18 +1,27 @@
-"""Two drivers that step an engine themselves, through its public API only: :func:`stream` (one
-request's text) and :func:`generate` (an offline batch); ``LLMEngine.stream`` / ``LLMEngine.generate``
-call them. Also :class:`EngineStats`, what ``LLMEngine.stats`` reports.
+"""The engine's API between steps: :class:`EngineControls`, the half of ``LLMEngine`` a caller drives
+(load, add, state, stats, cancel, pause / resume, abort), and the two drivers that step an engine
+through that API: :func:`stream` (one request's text) and :func:`generate` (an offline batch).
 
-System boundary: the engine's API, in engine steps.
+None of it runs inside ``LLMEngine.step`` (:mod:`servelab.engine.engine`), which reads the requests these
+methods queue and flag. System boundary: the engine's API; times are the injected clock's seconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence as SequenceOf
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence as SequenceOf
 from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from servelab.engine.outputs import RequestOutput
+from servelab.chat_template import ChatTemplate
+from servelab.device import resolve_device_dtype
+from servelab.engine.config import EngineConfig
+from servelab.engine.request import EngineRequest, lifecycle_state, new_request
+from servelab.engine.sequence import RequestOutput
 from servelab.ledger import LedgerTotals
+from servelab.lifecycle import RequestState
 from servelab.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -30,6 +39,168 @@ class EngineStats:
     num_swapped: int
     kv_cache_usage: float
     ended: LedgerTotals
+
+
+class EngineControls:
+    """What a caller does to an :class:`~servelab.engine.LLMEngine` between steps (a base of it: the
+    attributes read here are set by ``LLMEngine.__init__``)."""
+
+    chat_template: ChatTemplate | None = None  # the checkpoint's, set by from_pretrained; None: it has none
+    # generation_config.json's temperature / top_p / top_k / min_p / repetition_penalty, set by from_pretrained
+    default_sampling: Mapping[str, float | int] = MappingProxyType({})
+
+    @classmethod
+    def from_pretrained(cls, path_or_id: str | Path | None = None, *, allow_download: bool = False,
+                        device: str | None = None, dtype: str | None = None,
+                        clock: Callable[[], float] = time.perf_counter, **config) -> "LLMEngine":
+        """An engine over a Llama checkpoint folder (default: the shipped Shakespeare model) with its
+        tokenizer, chat template (:attr:`chat_template`) and default sampling settings
+        (:attr:`default_sampling`, from ``generation_config.json``: see :meth:`sampling_params`), or over a Hugging Face Hub id such as
+        ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` when ``allow_download=True`` (never by default).
+
+        ``device`` / ``dtype`` default to :func:`servelab.device.pick_device`; other keyword arguments are
+        :class:`EngineConfig` fields. See :mod:`servelab.model.pretrained`.
+        """
+        from servelab.model.pretrained import load_pretrained
+
+        engine_config = EngineConfig(device=device, dtype=dtype, **config)
+        where, precision = resolve_device_dtype(engine_config)
+        model, tokenizer, template, defaults = load_pretrained(path_or_id, allow_download=allow_download,
+                                                               device=where, dtype=precision)
+        engine = cls(model, tokenizer, engine_config, clock=clock)
+        engine.chat_template = template
+        engine.default_sampling = MappingProxyType(defaults)
+        return engine
+
+    def sampling_params(self, **fields) -> SamplingParams:
+        """:class:`SamplingParams` of ``fields`` over the checkpoint's :attr:`default_sampling`: a field
+        given here keeps its value, one left out takes ``generation_config.json``'s, else the course default
+        (:mod:`servelab.model.generation_config` lists the fields read)."""
+        return SamplingParams(**(dict(self.default_sampling) | fields))
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                    deadline_s: float | None = None, namespace: str = "", priority: int = 0,
+                    tenant: str | None = None) -> str:
+        """Queue a request; returns its id.
+
+        ``prompt`` is text or token ids. ``deadline_s`` (seconds after arrival) ends it as ``timed_out``
+        if it has not finished by then. ``namespace`` salts the prefix cache (tenants never share KV
+        across namespaces). ``priority`` orders the queue under the ``"priority"`` policy (lower first).
+        ``tenant`` names who sent it for the ``"fair-queuing"`` policy (None: the ``namespace``).
+        Checks: :class:`~servelab.engine.validation.RequestValidator`.
+        """
+        arrival = self.clock()
+        prompt_ids = self.validator.prompt_ids(prompt)
+        self.validator.check_params(params, prompt_ids)
+        request_id = self.validator.request_id(request_id, self._id_in_use)
+        tenant = namespace if tenant is None else tenant
+        self.validator.check_options(deadline_s, namespace, priority, tenant)
+        if params.prompt_logprobs is not None:  # a namespace of its own: no prefix hit skips a scored position
+            namespace = f"{namespace}\x00prompt-logprobs:{request_id}"
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        arrival_index = next(self._arrivals)
+        request = new_request(request_id, self.validator.sample_ids(request_id, params.n, self._id_in_use),
+                              prompt_ids, params, tokenizer=self.tokenizer, arrival=arrival,
+                              arrival_index=arrival_index, seed=seed, namespace=namespace, priority=priority,
+                              tenant=tenant, deadline=None if deadline_s is None else arrival + deadline_s)
+        self._requests[request_id] = request
+        self.scheduler.add(request.seq)  # the siblings join when it forks, after its prompt
+        return request_id
+
+    def state(self, request_id: str) -> RequestState:
+        """The request's lifecycle state now (``servelab.lifecycle.RequestState``): read off the
+        scheduler's state of its sequences while it runs, its terminal record's once it has ended.
+        KeyError for an id this engine does not know: never issued, or ended more than
+        ``config.ledger_size`` requests ago (its record left the ledger's window)."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            return lifecycle_state(request)
+        return self.ledger.get(request_id).state
+
+    def has_unfinished(self) -> bool:
+        """True while some request has not ended (or an ended one's final output is not yet returned)."""
+        return bool(self._requests or self._pending)
+
+    def stats(self) -> EngineStats:
+        """Sequences running, waiting and swapped out now, the KV pool's used fraction (what the server's
+        ``/metrics`` and its queue limit read: public questions, not the scheduler's lists), and the exact
+        totals of every ended request (the ledger's, not its bounded window)."""
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
+                           self.allocator.num_used_blocks / self.allocator.num_blocks, self.ledger.totals())
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request; its final output (``finish_reason="cancelled"``) comes from the next step.
+
+        Returns False when it had already ended. Raises KeyError for an id this engine does not know (never
+        issued, or its record left the ledger's window).
+        """
+        request = self._live(request_id)
+        if request is None:
+            return False
+        self._pending.append(self._end(request, "cancelled"))
+        return True
+
+    def pause(self, request_id: str) -> bool:
+        """Deschedule a request until :meth:`resume`: no step computes or samples it meanwhile.
+
+        It keeps everything it holds: a running request its KV blocks (and any reservation) and its
+        batch slot, so this frees compute, not memory (KV pressure can still preempt it by recompute or
+        swap). A waiting request is not admitted, a swapped one not swapped in. A request in decode
+        is in BACKPRESSURED (the lifecycle's paused-with-KV state) while paused; in other stages its
+        lifecycle state stays. Its deadline still runs and :meth:`cancel` still works, both through the one reclaim path.
+        Pausing a paused request changes nothing. Returns False when it had already ended; KeyError for
+        an unknown id.
+        """
+        return self._set_paused(request_id, True)
+
+    def resume(self, request_id: str) -> bool:
+        """Undo :meth:`pause`: the next step schedules the request again, from exactly where it stopped.
+
+        BACKPRESSURED goes back to DECODE. Resuming a request that is not paused changes nothing.
+        Returns False when it had already ended; KeyError for an unknown id.
+        """
+        return self._set_paused(request_id, False)
+
+    def abort(self, request_id: str) -> bool:
+        """:meth:`cancel` whose final output is dropped instead of returned (the caller is gone)."""
+        if not self.cancel(request_id):
+            return False
+        self._pending = [o for o in self._pending if o.request_id != request_id]
+        return True
+
+    def stream(self, prompt: str | list[int], params: SamplingParams, **kwargs) -> Iterator[str]:
+        """Yield the text deltas of one new request as steps produce them (see :func:`stream`)."""
+        return stream(self, prompt, params, **kwargs)
+
+    def generate(self, prompts: SequenceOf[str | list[int]] | str,
+                 params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:
+        """Offline batch: run all ``prompts`` to completion; each one's final output, in order
+        (see :func:`generate`)."""
+        return generate(self, prompts, params)
+
+    def _set_paused(self, request_id: str, paused: bool) -> bool:
+        """Flag every sample of a live request (its lifecycle state, DECODE <-> BACKPRESSURED, follows)."""
+        request = self._live(request_id)
+        if request is None:
+            return False
+        for seq in request.seqs:
+            seq.paused = paused
+        return True
+
+    def _live(self, request_id: str) -> EngineRequest | None:
+        """The request if it has not ended; None if it has (within the ledger's window); KeyError otherwise."""
+        request = self._requests.get(request_id)
+        if request is None and not self.ledger.has(request_id):
+            raise KeyError(f"request_id {request_id!r} is unknown to this engine")
+        return request
+
+    def _id_in_use(self, seq_or_request_id: str) -> bool:
+        """True for a live request's id, an ended one's still in the ledger's window (the last
+        ``config.ledger_size``), and the sample sequence ids of a live request."""
+        if seq_or_request_id in self._requests or self.ledger.has(seq_or_request_id):
+            return True
+        request = self._requests.get(seq_or_request_id.rpartition("/")[0])
+        return request is not None and any(s.seq_id == seq_or_request_id for s in request.seqs)
 
 
 def stream(engine: "LLMEngine", prompt: str | list[int], params: SamplingParams, **kwargs) -> Iterator[str]:
@@ -52,6 +223,7 @@ def stream(engine: "LLMEngine", prompt: str | list[int], params: SamplingParams,
     finally:
         if not finished:  # the reader is gone: cancel, and drop the final output nobody will read
             engine.abort(request_id)
+
 
 def generate(engine: "LLMEngine", prompts: SequenceOf[str | list[int]] | str,
          params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:

@@ -1,13 +1,16 @@
-"""The model runner: owns the device KV pool and turns one scheduled batch into logits.
+"""The forward pass: the paged KV pool, the paged attention backend, the flat batch and the model runner.
 
-One forward pass takes a flat list of tokens from many sequences (prefill chunks and decode tokens
-mixed), with each token's absolute position. The paged attention backend writes their K/V into the
-pool and reads each sequence's history through its block table. Only the positions whose next token is
-sampled go through the LM head.
+The KV cache is one preallocated pool of physical blocks per layer, ``[n_kv_heads, num_blocks,
+block_size, head_dim]`` for K and for V. A sequence's *block table* maps its logical block ``i``
+(positions ``i*block_size ..``) to a physical block, so position ``p`` has the flat *slot*
+``block_table[p // block_size] * block_size + p % block_size``. One forward pass takes a flat list of
+tokens from many sequences (prefill chunks and decode tokens mixed, :class:`ForwardInput`); in every layer
+:class:`PagedAttention` writes their K/V into their slots, reads each sequence's history back through its
+block table and attends causally. Only the positions whose next token is sampled go through the LM head.
 
-System boundary: tensors in, float32 logits ``[sampled_rows, vocab]`` out. It also implements the
-scheduler's :class:`~servelab.engine.scheduler.KVMover` (copy-on-write copies, swap out to host memory
-and back) because those move bytes of the pool it owns.
+System boundary: token ids and block tables in, float32 logits ``[sampled_rows, vocab]`` out (any device).
+Which blocks a sequence owns is the allocator's decision; :class:`ModelRunner` also moves the pool's
+bytes for the scheduler (copy-on-write; swap through :mod:`servelab.engine.swap`).
 """
 
 from __future__ import annotations
@@ -17,15 +20,200 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
-from torch import nn
+import torch.nn.functional as F
 
-from servelab.engine.attention import KVCache, PagedAttention, build_metadata
-from servelab.device import pick_device
+from servelab.device import resolve_device_dtype, use_gemv_layout
 from servelab.engine import gpu_memory
 from servelab.engine.config import EngineConfig
 from servelab.engine.scheduler import ScheduledChunk
 from servelab.engine.sequence import Sequence
+from servelab.engine.swap import HostSwapSpace
 from servelab.model.llama import LlamaForCausalLM
+
+
+class KVCache:
+    """The physical block pool: K and V tensors of shape ``[layers, kv_heads, num_blocks, block_size, d]``."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (num_layers, num_kv_heads, num_blocks, block_size, head_dim)
+        # zeros, not empty: masked-out slots still enter the attention matmul with weight 0, and
+        # 0 * NaN from uninitialised memory would poison the output
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        # per-layer views, made once: indexing ``k[layer]`` in every layer of every step costs a tensor op
+        self.layer_k = list(self.k.unbind(0))  # [kv_heads, num_blocks, block_size, d] each
+        self.layer_v = list(self.v.unbind(0))
+        self.layer_k_slots = [k.view(num_kv_heads, -1, head_dim) for k in self.layer_k]  # [kv_heads, slots, d]
+        self.layer_v_slots = [v.view(num_kv_heads, -1, head_dim) for v in self.layer_v]
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> int:
+        """Bytes one block costs across all layers, K and V: ``2 * L * block_size * kv_heads * d * b``."""
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: copy physical block ``src`` into ``dst`` in every layer, for each ``(src, dst)``."""
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.k.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.k.device)
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]
+
+
+@dataclass
+class PrefillGroup:
+    """One sequence with several new tokens this step: its flat token range, block table and causal mask."""
+
+    token_start: int  # first index into the flat token batch
+    num_tokens: int
+    block_table: torch.Tensor  # [num_blocks_of_seq] long
+    num_keys: int  # positions 0 .. num_keys-1 of the sequence are attended to
+    mask: torch.Tensor | None  # [num_tokens, num_keys] additive (0 = may attend, -inf = not); None = causal
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything the backend needs for one forward pass, built once and shared by all layers.
+
+    Decode rows (one new token each) are batched into one attention call; each multi-token row (a prefill
+    chunk, or a recompute) gets its own call, so no sequence pays for another one's query length. Keys are
+    cut to the longest context, and masks are left out where every key is visible (same-length decode
+    rows; a chunk that starts at position 0 is plain causal), which lets SDPA pick its fastest kernel.
+    Masks are additive (0 or -inf, in the model's dtype), built once here rather than converted per layer.
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V is written
+    decode_token_index: torch.Tensor  # [num_decode] long: flat index of each decode token
+    decode_block_tables: torch.Tensor  # [num_decode, max_blocks] long (padded with 0)
+    decode_num_keys: int  # longest decode context
+    decode_mask: torch.Tensor | None  # [num_decode, 1, 1, decode_num_keys] additive; None = all visible
+    prefills: list[PrefillGroup]
+
+
+def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
+                   dtype: torch.dtype) -> AttentionMetadata:
+    """Metadata for a flat batch made of ``rows``, each ``(start_position, num_new_tokens, block_table)``.
+
+    Row ``i``'s tokens occupy the next ``num_new_tokens`` entries of the flat batch, at positions
+    ``start_position ..``; its block table must cover position ``start_position + num_new_tokens - 1``.
+    """
+    slots: list[int] = []
+    decode_index, decode_tables, decode_lens = [], [], []
+    prefills: list[PrefillGroup] = []
+    offset = 0
+    for start, count, table in rows:
+        end = start + count
+        if len(table) * block_size < end:
+            raise ValueError(f"block table of {len(table)} blocks cannot hold position {end - 1}")
+        slots.extend(table[pos // block_size] * block_size + pos % block_size for pos in range(start, end))
+        if count == 1:
+            decode_index.append(offset)
+            decode_tables.append(table)
+            decode_lens.append(end)
+        else:
+            mask = None
+            if start > 0:  # earlier positions come from the cache: query i sees keys 0 .. start + i
+                visible = torch.arange(end, device=device)[None, :] <= torch.arange(start, end, device=device)[:, None]
+                mask = _additive(visible, dtype)
+            prefills.append(PrefillGroup(offset, count, torch.tensor(table, device=device), end, mask))
+        offset += count
+    width = max((len(t) for t in decode_tables), default=1)
+    num_keys = max(decode_lens, default=1)
+    decode_mask = None
+    if any(n != num_keys for n in decode_lens):
+        lens = torch.tensor(decode_lens, device=device)
+        decode_mask = _additive(torch.arange(num_keys, device=device)[None, :] < lens[:, None], dtype)[:, None, None]
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, device=device, dtype=torch.long),
+        decode_token_index=torch.tensor(decode_index, device=device, dtype=torch.long),
+        decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], device=device,
+                                         dtype=torch.long).reshape(-1, width),
+        decode_num_keys=num_keys,
+        decode_mask=decode_mask,
+        prefills=prefills,
+    )
+
+
+def _gather(pool: torch.Tensor, tables: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """Read each sequence's history through its block table: ``[S, kv_heads, num_keys, d]``.
+
+    ``pool`` is one layer's ``[kv_heads, num_blocks, block_size, d]``. ``index_select`` over the flattened
+    tables copies the blocks in one pass (several times faster on CPU than advanced indexing
+    ``pool[:, tables]``, which computes the same thing); the result is a view, no second copy.
+    """
+    num_seqs, width = tables.shape
+    kv_heads, _, block_size, head_dim = pool.shape
+    blocks = pool.index_select(1, tables.reshape(-1))  # [kv_heads, S * width, block_size, d]
+    return blocks.view(kv_heads, num_seqs, width * block_size, head_dim)[:, :, :num_keys].transpose(0, 1)
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool visibility -> additive mask: 0 where visible, -inf elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, float("-inf"))
+
+
+class PagedAttention:
+    """Attention backend over the paged pool; set :attr:`metadata` before each forward pass.
+
+    Called as ``backend(layer, q, k, v)`` with q ``[T, n_heads, d]`` and k/v ``[T, n_kv_heads, d]`` for the
+    ``T`` new tokens of the step (already RoPE-rotated); returns ``[T, n_heads, d]``.
+    """
+
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+        self.metadata: AttentionMetadata | None = None
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        meta = self.metadata
+        if meta is None:
+            raise RuntimeError("PagedAttention.metadata must be set before the forward pass")
+        cache = self.cache
+        cache.layer_k_slots[layer].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        cache.layer_v_slots[layer].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        k_pool, v_pool = cache.layer_k[layer], cache.layer_v[layer]  # [kv_heads, blocks, bs, d]
+        if not meta.prefills:  # a pure decode batch: row i of q is sequence i's one new token
+            return self._attend_decode(q, k_pool, v_pool, meta)
+        out = torch.empty_like(q)
+        if meta.decode_token_index.numel():
+            out[meta.decode_token_index] = self._attend_decode(q[meta.decode_token_index], k_pool, v_pool, meta)
+        for group in meta.prefills:
+            rows = slice(group.token_start, group.token_start + group.num_tokens)
+            mask = None if group.mask is None else group.mask[None]
+            out[rows] = self._attend(q[rows][None], k_pool, v_pool, group.block_table[None], group.num_keys,
+                                     mask, causal=group.mask is None)[0]
+        return out
+
+    @staticmethod
+    def _attend_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                       meta: AttentionMetadata) -> torch.Tensor:
+        """One new token per sequence: q ``[S, H, d]`` -> ``[S, H, d]``.
+
+        Grouped-query attention without copying K/V: the ``H / kv_heads`` query heads that share a KV head
+        are laid along the query axis of that head, ``[S, kv_heads, group, d]``, so each KV head is read once.
+        """
+        num_seqs, num_heads, head_dim = q.shape
+        kv_heads = k_pool.shape[0]
+        keys = _gather(k_pool, meta.decode_block_tables, meta.decode_num_keys)
+        values = _gather(v_pool, meta.decode_block_tables, meta.decode_num_keys)
+        out = F.scaled_dot_product_attention(q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim),
+                                             keys, values, attn_mask=meta.decode_mask)
+        return out.reshape(num_seqs, num_heads, head_dim)
+
+    @staticmethod
+    def _attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor, num_keys: int,
+                mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+        """q ``[S, Q, H, d]``, tables ``[S, B]``, mask ``[S, Q, num_keys]`` or None -> ``[S, Q, H, d]``."""
+        keys = _gather(k_pool, tables, num_keys)
+        values = _gather(v_pool, tables, num_keys)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values,
+                                             attn_mask=None if mask is None else mask[:, None],
+                                             is_causal=causal, enable_gqa=True)
+        return out.transpose(1, 2)
 
 
 class ChunkSpan(NamedTuple):
@@ -74,69 +262,12 @@ class ForwardInput:
         return batch
 
 
-def resolve_device_dtype(config: EngineConfig, model: LlamaForCausalLM | None = None) -> tuple[torch.device, torch.dtype]:
-    """The configured device and dtype. A field left ``None`` follows ``model``'s weights when a model is
-    given (its caller already put it somewhere: the engine never moves or casts it behind their back),
-    else the course's one rule (:func:`servelab.device.pick_device`)."""
-    weight = None if model is None else model.lm_head.weight
-    device = config.device if config.device is not None or weight is None else weight.device
-    dtype = config.dtype if config.dtype is not None or weight is None else weight.dtype
-    return pick_device(device, dtype)
-
-
-def use_gemv_layout(model: nn.Module) -> None:
-    """Store every plain ``nn.Linear`` weight of a CPU model column-major, in place: ``W.t().contiguous().t()``,
-    the same values, shape and parameters (a tied LM head stays tied), transposed strides.
-
-    A batch-1 decode step is a chain of GEMVs ``x @ W.T``; with ``W.T`` contiguous the BLAS streams the
-    weight in the order it multiplies. Measured side by side on a 2-core AMD EPYC (torch 2.13, fp32, 1-2
-    threads): the step's GEMVs 1.35x faster (12.8 -> 17.4 GB/s), batch 8 to 512 no slower and bit-equal;
-    a tied embedding's row lookups get strided (a 512-token prefill's lookup 0.4 -> 4.6 ms, against about a
-    second for that prefill). Other devices keep their layout (not measured there)."""
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if type(module) is nn.Linear and weight.device.type == "cpu" and weight.is_contiguous():
-            weight.data = weight.detach().t().contiguous().t()
-
-
-class HostSwapSpace:
-    """Host memory for swapped-out KV, counted in blocks (``capacity`` of them), one copy per sequence id."""
-
-    def __init__(self, capacity_blocks: int) -> None:
-        self.capacity = capacity_blocks
-        self.in_use = 0  # blocks' worth of host memory holding some sequence's KV
-        self._data: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
-
-    def store(self, owner: str, cache: KVCache, blocks: list[int]) -> bool:
-        """Copy ``blocks`` of ``cache`` to host memory for ``owner``; False (nothing copied) when full."""
-        if self.in_use + len(blocks) > self.capacity:
-            return False
-        self._data[owner] = (*cache.read_blocks(blocks), len(blocks))
-        self.in_use += len(blocks)
-        return True
-
-    def take(self, owner: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hand back ``owner``'s K and V host copies and free their space."""
-        k, v, _ = self._data[owner]
-        self.release(owner)
-        return k, v
-
-    def release(self, owner: str) -> int:
-        """Free everything ``owner`` holds, stored tensors included; returns the blocks released (0 if none)."""
-        _, _, blocks = self._data.pop(owner, (None, None, 0))
-        self.in_use -= blocks
-        return blocks
-
-
 class ModelRunner:
     """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``num_blocks`` blocks.
 
     The model is moved to the configured device and dtype in place (unset fields keep the model's own), its
-    CPU linear weights stored column-major (:func:`use_gemv_layout`). The pool holds ``num_blocks`` blocks:
-    ``config.num_blocks``; else, on CUDA with ``config.gpu_memory_utilization`` set, as many as fit in that
-    fraction of the device's memory after the weights and a profiling pass's peak
-    (:mod:`servelab.engine.gpu_memory`); else as many as ``config.kv_cache_memory_bytes`` pays for
-    (``bytes_per_block = 2 * layers * block_size * kv_heads * head_dim * bytes_per_element``).
+    CPU linear weights stored column-major (:func:`servelab.device.use_gemv_layout`). The pool holds
+    ``config.num_blocks`` blocks, else what :func:`servelab.engine.gpu_memory.pool_blocks` sizes.
     """
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
@@ -147,40 +278,12 @@ class ModelRunner:
         self.block_size = config.block_size
         shape = (cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.bytes_per_block = KVCache.bytes_per_block(*shape, dtype=self.dtype)
-        self.num_blocks = config.num_blocks or self._pool_blocks(config)
+        self.num_blocks = config.num_blocks or gpu_memory.pool_blocks(self, config)
         self.cache = KVCache(cfg.num_hidden_layers, self.num_blocks, config.block_size,
                              cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
         self.backend = PagedAttention(self.cache)
         swap_blocks = config.swap_space_bytes // self.bytes_per_block
-        self.host_swap = HostSwapSpace(swap_blocks) if swap_blocks else None
-
-    def _pool_blocks(self, config: EngineConfig) -> int:
-        """Blocks for a pool whose size ``config.num_blocks`` leaves open."""
-        if config.gpu_memory_utilization is None or self.device.type != "cuda":
-            return max(1, config.kv_cache_memory_bytes // self.bytes_per_block)
-        return self._blocks_from_gpu_memory(config)
-
-    def _blocks_from_gpu_memory(self, config: EngineConfig) -> int:
-        """Profile one forward pass of ``max_num_batched_tokens`` tokens (one sequence from position 0,
-        its last ``max_num_seqs`` rows through the LM head) over a pool just large enough, then size the
-        real pool from what the device has left (:func:`~servelab.engine.gpu_memory.kv_blocks_for_gpu`)."""
-        cfg = self.model.config
-        tokens = min(config.max_num_batched_tokens, config.max_model_len or cfg.max_position_embeddings)
-        blocks = -(-tokens // config.block_size)
-        rows = min(config.max_num_seqs, tokens)
-        batch = ForwardInput(token_ids=[0] * tokens, positions=list(range(tokens)),
-                             spans=[ChunkSpan(0, tokens, list(range(blocks)))],
-                             sample_indices=list(range(tokens - rows, tokens)))
-
-        def profile() -> None:
-            self.backend = PagedAttention(KVCache(cfg.num_hidden_layers, blocks, config.block_size,
-                                                  cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device))
-            self.execute(batch)
-            del self.backend
-
-        seen = gpu_memory.measure_cuda_memory(self.device, profile)
-        return gpu_memory.kv_blocks_for_gpu(seen.total_bytes, config.gpu_memory_utilization, seen.used_bytes,
-                                            seen.activation_peak_bytes, self.bytes_per_block)
+        self.host_swap = HostSwapSpace(swap_blocks) if swap_blocks else None  # used only when swapping
 
     @torch.inference_mode()
     def execute(self, batch: ForwardInput) -> torch.Tensor:
@@ -204,16 +307,13 @@ class ModelRunner:
         self.cache.copy_blocks(pairs)
 
     def swap_out(self, seq_id: str, blocks: list[int]) -> bool:
-        """Copy ``blocks`` (the sequence's computed KV, in table order) to host memory.
-
-        Returns False, copying nothing, when there is no host swap space or it is full.
-        """
+        """Copy ``blocks`` (its computed KV, in table order) to host memory; False (nothing copied) when
+        there is no host swap space or it is full."""
         return self.host_swap is not None and self.host_swap.store(seq_id, self.cache, blocks)
 
     def swap_in(self, seq_id: str, blocks: list[int]) -> None:
         """Write the host copy of ``seq_id`` into ``blocks`` (fresh blocks, same order) and free it."""
-        k, v = self.host_swap.take(seq_id)
-        self.cache.write_blocks(blocks, k, v)
+        self.host_swap.restore(seq_id, self.cache, blocks)
 
     def drop_swapped(self, seq_id: str) -> int:
         """Free the host copy of ``seq_id``, if any (a swapped sequence that ends); returns its blocks."""

@@ -46,7 +46,7 @@ class EngineRequest:
 
 def new_request(request_id: str, seq_ids: list[str], prompt_ids: list[int], params: SamplingParams, *,
                 tokenizer, arrival: float, arrival_index: int, seed: int, deadline: float | None,
-                namespace: str, priority: int) -> EngineRequest:
+                namespace: str, priority: int, tenant: str = "") -> EngineRequest:
     """A validated request, not yet admitted: one sequence per id in ``seq_ids``, sample ``i`` seeded with
     ``seed + i``; sample 0 will fork into the others once its prompt is computed."""
     request = EngineRequest(request_id)
@@ -54,7 +54,7 @@ def new_request(request_id: str, seq_ids: list[str], prompt_ids: list[int], para
         request.seqs.append(Sequence(seq_id, request, i, prompt_ids, params, arrival_index, SequenceTimes(arrival),
                                      torch.Generator().manual_seed(seed + i), IncrementalDetokenizer(tokenizer),
                                      StopStringBuffer(list(params.stop)), namespace=namespace, priority=priority,
-                                     deadline=deadline))
+                                     tenant=tenant, deadline=deadline))
     request.seq.samples_to_fork = len(seq_ids) - 1
     return request
 

@@ -11,10 +11,8 @@ request's ``torch.Generator``, so a seeded request's tokens do not depend on whi
 the batch. Greedy rows draw nothing: their token never depends on a uniform. The probability maths runs
 in float64 so that support sets match the numpy reference.
 
-Log-probabilities (:func:`token_logprobs`) are the raw model's ``log_softmax`` of the same logits rows,
-before any processor (vLLM's default ``raw_logprobs``), in float64: the engine reads them from the step
-that sampled the token (and, for prompt tokens, from the prefill that computed them), never from a
-second forward pass.
+The truncation filters themselves (top-k, top-p, min-p, typical) are in :mod:`servelab.engine.truncation`,
+log-probabilities in :mod:`servelab.engine.logprobs`: neither runs unless a request asks for it.
 
 System boundary: logits ``[rows, vocab]`` in (any device), one token id per row out. Which rows exist and
 what they have generated so far is the engine's business.
@@ -28,16 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from servelab.sampling.params import SamplingParams
-from servelab.sampling.reference import MASS_TOLERANCE
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One token's raw log-probability (natural log) and the ``k`` most likely tokens at its position."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+from servelab.engine.truncation import FILTERS
 
 
 @dataclass
@@ -182,82 +171,9 @@ def _apply_filters(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Te
     """Apply each row's enabled filters in its own order; rows sharing a (stage, filter) go together."""
     orders = [r.params.enabled_filters() if r.params.temperature > 0 else () for r in rows]
     for stage in range(max((len(o) for o in orders), default=0)):
-        for name, fn in _FILTERS.items():
+        for name, fn in FILTERS.items():
             picked = [i for i, o in enumerate(orders) if len(o) > stage and o[stage] == name]
             if picked:
                 index = torch.tensor(picked, device=probs.device)
                 probs[index] = fn(probs[index], [rows[i].params for i in picked])
     return probs
-
-
-def _param_column(params: list[SamplingParams], name: str, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([float(getattr(p, name)) for p in params], dtype=torch.float64, device=like.device)[:, None]
-
-
-def _keep_mask(probs: torch.Tensor, order: torch.Tensor, keep_sorted: torch.Tensor) -> torch.Tensor:
-    """Zero the entries whose sorted position is not kept, then renormalise each row."""
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    kept = torch.where(keep & (probs > 0), probs, 0.0)
-    return kept / kept.sum(dim=-1, keepdim=True)
-
-
-def _by_probability(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted probabilities and order: highest first, ties by smaller id (stable sort)."""
-    return torch.sort(probs, dim=-1, descending=True, stable=True)
-
-
-def _prefix_reaching(sorted_mass: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """Keep-mask over sorted positions: the shortest prefix whose sum reaches ``threshold`` (per row)."""
-    cumulative = sorted_mass.cumsum(dim=-1)
-    before = cumulative - sorted_mass  # mass strictly before each position
-    return before < threshold - MASS_TOLERANCE
-
-
-def _top_k(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    _, order = _by_probability(probs)
-    ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-    return _keep_mask(probs, order, ranks < _param_column(params, "top_k", probs))
-
-
-def _top_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    sorted_p, order = _by_probability(probs)
-    return _keep_mask(probs, order, _prefix_reaching(sorted_p, _param_column(params, "top_p", probs)))
-
-
-def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    threshold = _param_column(params, "min_p", probs) * probs.max(dim=-1, keepdim=True).values
-    kept = torch.where(probs >= threshold, probs, 0.0)
-    return kept / kept.sum(dim=-1, keepdim=True)
-
-
-def _typical(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    positive = probs > 0
-    surprisal = torch.where(positive, -torch.log(torch.where(positive, probs, 1.0)), 0.0)
-    entropy = (probs * surprisal).sum(dim=-1, keepdim=True)
-    distance = torch.where(positive, (surprisal - entropy).abs(), torch.inf)
-    order = torch.sort(distance, dim=-1, stable=True).indices
-    sorted_p = probs.gather(-1, order)
-    return _keep_mask(probs, order, _prefix_reaching(sorted_p, _param_column(params, "typical_p", probs)))
-
-
-_FILTERS = {"top_k": _top_k, "top_p": _top_p, "min_p": _min_p, "typical": _typical}
-
-
-# ----------------------------------------------------------------------------------------------- logprobs
-
-
-def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top_k: Sequence[int]) -> list[TokenLogprob]:
-    """Per row of ``logits`` (``[rows, vocab]``): the raw log-softmax of ``targets[i]`` and the
-    ``top_k[i]`` most likely tokens (ties: torch.topk's order)."""
-    if logits.dim() != 2 or not logits.shape[0] == len(targets) == len(top_k):
-        raise ValueError(f"logits must be [len(targets), vocab], got shape {tuple(logits.shape)}")
-    if not len(targets):
-        return []
-    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
-    index = torch.tensor(list(targets), dtype=torch.long, device=logp.device)[:, None]
-    chosen = logp.gather(1, index)[:, 0].tolist()
-    k = max(top_k)
-    values, ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
-    values, ids = values.tolist(), ids.tolist()
-    return [TokenLogprob(int(t), lp, tuple(zip(ids[i][:top_k[i]], values[i][:top_k[i]])))
-            for i, (t, lp) in enumerate(zip(targets, chosen))]

@@ -1,31 +1,17 @@
 """The scheduler: one :meth:`Scheduler.schedule` call is one scheduler tick.
 
-A tick decides what the next forward pass computes, under three limits at once:
+A tick decides what the next forward pass computes under three limits: ``max_num_seqs`` batch slots (a
+request with ``n`` samples takes ``n`` from admission), the ``max_num_batched_tokens`` budget shared by
+decode tokens and prefill chunks, and the KV block pool, whose admission rule is a
+:class:`ReservationPolicy`. Order of a tick: swap-ins -> running sequences in policy order (a decode
+token or the next prefill chunk each; those the budget cannot reach are *descheduled*: KV kept) ->
+admissions in policy order, skipped once anything was preempted or is still swapped out. A decode that
+finds no free block preempts the lowest-ranked running sequence (recompute: drop its KV; swap: copy it
+to host memory). A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and keeps what it holds.
 
-* ``max_num_seqs`` batch slots (sequences holding KV blocks and running; a request with ``n`` samples
-  takes ``n`` from admission, since its prompt forks into ``n`` sequences: :meth:`Scheduler.fork`);
-* ``max_num_batched_tokens``, the per-iteration token budget shared by decode tokens (1 per running
-  sequence) and prefill chunks (chunked prefill cuts a long prompt into budget-sized pieces);
-* the KV block pool (``servelab.kv.BlockAllocator``): admission reserves what the configured
-  ``ReservationPolicy`` promises (``servelab.engine.reservation``: the uncached prompt blocks on demand,
-  plus ``max_tokens`` of output up front) and allocates the prompt; a decode step that needs a new block
-  and finds none preempts the lowest-ranked running sequence (recompute: drop its KV; swap: copy it to
-  host memory), which under the up-front promise never happens.
-
-Order of a tick: swap-ins (in policy order) -> running sequences in policy order (each gets its decode
-token or next prefill chunk; those the token budget cannot reach are *descheduled* for the tick: they
-keep their KV, so this frees compute, not memory) -> admissions from the waiting queue in policy order.
-Admission stops for the tick once anything was preempted or is still swapped out (and not paused), so
-freed memory goes back to the victims first.
-
-A *paused* sequence (``Sequence.paused``, set by ``LLMEngine.pause``) is descheduled until resumed:
-every tick skips it in all three queues. A running one keeps its KV blocks and batch slot, a waiting
-one is not admitted, a swapped one is not swapped in. Pausing frees compute, not memory; a paused
-running sequence can still be picked as a preemption victim like any other.
-
-System boundary: the scheduler moves block ids and sequences. Bytes move through the :class:`KVMover`
-it is given (copy-on-write, swap out/in), always before the blocks involved can be reused. It never runs
-the model or samples.
+System boundary: the scheduler moves block ids and sequences; bytes move through the :class:`KVMover` it
+is given (copy-on-write, swap), always before the blocks involved can be reused. Time is counted in
+ticks (one per :meth:`Scheduler.schedule`), tokens and blocks as named.
 """
 
 from __future__ import annotations
@@ -33,37 +19,92 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from servelab.engine.config import EngineConfig
-from servelab.engine.reservation import ReservationPolicy
+from servelab.engine.config import RESERVATION_POLICIES, EngineConfig
 from servelab.engine.sequence import Sequence, SeqStatus
+from servelab.engine.swap import swap_in
 from servelab.kv.allocator import BlockAllocator, BlockCopy, OutOfBlocks
+from servelab.kv.arithmetic import blocks_for
 from servelab.lifecycle import SlotPool
-from servelab.queue_policy import POLICIES
+from servelab.queue_policy import rank_waiting, running_key
 
 
 class KVMover(Protocol):
     """Moves KV bytes between physical blocks and host memory (implemented by the model runner)."""
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy physical block ``src`` into ``dst`` for each pair, now."""
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None: ...  # physical block src -> dst, now
+    def swap_out(self, seq_id: str, blocks: list[int]) -> bool: ...  # False: host space full, nothing copied
+    def swap_in(self, seq_id: str, blocks: list[int]) -> None: ...  # host copy -> blocks, host space freed
+    def drop_swapped(self, seq_id: str) -> int: ...  # host copy freed; returns its blocks
 
-    def swap_out(self, seq_id: str, blocks: list[int]) -> bool:
-        """Copy ``blocks`` to host memory under ``seq_id``; False (nothing copied) when host space is full."""
 
-    def swap_in(self, seq_id: str, blocks: list[int]) -> None:
-        """Write ``seq_id``'s host copy into ``blocks`` and release its host space."""
+@dataclass(frozen=True)
+class ReservationPolicy:
+    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised.
 
-    def drop_swapped(self, seq_id: str) -> int:
-        """Release ``seq_id``'s host copy, if any; returns the blocks' worth of host memory freed."""
+    ``"on-demand"`` (the default, as vLLM) reserves the uncached prompt blocks; the output grows block by
+    block and a decode that finds the pool empty preempts. ``"up-front"`` (as TGI) also reserves the
+    blocks of ``max_tokens`` more tokens per sample (plus a copy-on-write block each when ``n > 1``
+    shares a partial tail), so a running request is never preempted. Two phases: :meth:`admit`
+    reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of it, and
+    :meth:`keep_output_promise` leaves exactly the output's promise reserved. Units: blocks of
+    ``block_size`` token slots; ``max_model_len`` in tokens (None: no cap).
+    """
+
+    name: str
+    block_size: int
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in RESERVATION_POLICIES:
+            raise ValueError(f"reservation_policy must be one of {RESERVATION_POLICIES}, got {self.name!r}")
+
+    @property
+    def preempts(self) -> bool:
+        """Whether running requests may be preempted for KV (only under on-demand growth)."""
+        return self.name == "on-demand"
+
+    def output_blocks(self, num_tokens: int, remaining_tokens: int, samples: int) -> int:
+        """Blocks promised for the output beyond those of the ``num_tokens`` already there (0 on demand)."""
+        if self.preempts:
+            return 0
+        final = self._capped(num_tokens + remaining_tokens)
+        cow = 1 if samples > 1 and num_tokens % self.block_size else 0
+        return samples * (blocks_for(final, self.block_size) - blocks_for(num_tokens, self.block_size) + cow)
+
+    def worst_case_blocks(self, prompt_tokens: int, max_tokens: int, samples: int) -> int:
+        """Most blocks one request may hold or be promised at once (more than the pool: it never runs)."""
+        if self.preempts:
+            return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
+        return blocks_for(prompt_tokens, self.block_size) + self.output_blocks(prompt_tokens, max_tokens, samples)
+
+    def admit(self, allocator: BlockAllocator, seq: Sequence) -> bool:
+        """Phase 1: reserve the uncached prompt blocks plus the output promise; False (nothing reserved)
+        when the unreserved headroom is too small."""
+        need = allocator.num_blocks_to_allocate(seq.token_ids, seq.namespace)
+        return allocator.reserve(seq.seq_id, need + self.output_blocks(seq.num_tokens, seq.remaining_tokens,
+                                                                       seq.batch_slots))
+
+    def keep_output_promise(self, allocator: BlockAllocator, seq: Sequence) -> None:
+        """Phase 2, once the prompt blocks are allocated: keep reserved exactly the output's promise."""
+        allocator.release_reservation(seq.seq_id)
+        allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots))
+
+    def split_at_fork(self, allocator: BlockAllocator, parent: Sequence, children: list[Sequence]) -> None:
+        """Parallel sampling: the parent's promise (made for all ``n`` samples) is shared out evenly."""
+        total = allocator.release_reservation(parent.seq_id)
+        share = total // (1 + len(children))
+        for child in children:
+            allocator.reserve(child.seq_id, share)
+        allocator.reserve(parent.seq_id, total - share * len(children))
+
+    def _capped(self, tokens: int) -> int:
+        return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
 
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """Compute ``num_tokens`` tokens of sequence ``seq`` from position ``start``.
-
-    ``emits_token`` is True when the chunk reaches the sequence's last known token, so its logits give
-    the next token (the last prefill chunk, or a decode step).
-    """
+    """Compute ``num_tokens`` tokens of ``seq`` from position ``start``; ``emits_token``: the chunk
+    reaches the sequence's last known token, so its logits give the next one."""
 
     seq: Sequence
     start: int
@@ -72,7 +113,6 @@ class ScheduledChunk:
 
     @property
     def seq_id(self) -> str:
-        """The scheduled sequence's id."""
         return self.seq.seq_id
 
 
@@ -88,7 +128,7 @@ class Released:
 
 @dataclass
 class SchedulerOutput:
-    """What one tick decided. Lists hold sequence ids; counts are tokens or blocks as named."""
+    """What one tick decided. Lists hold sequence ids."""
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
     admitted: list[str] = field(default_factory=list)
@@ -101,17 +141,20 @@ class SchedulerOutput:
 
     @property
     def num_batched_tokens(self) -> int:
-        """Tokens in the forward pass this tick decided."""
         return sum(c.num_tokens for c in self.chunks)
 
     @property
     def is_empty(self) -> bool:
-        """Nothing to compute this tick."""
         return not self.chunks
 
 
 class Scheduler:
-    """Continuous batching over the waiting, running and swapped queues."""
+    """Continuous batching over the waiting, running and swapped queues.
+
+    For the queue policies (``EngineConfig.policy``, :mod:`servelab.queue_policy`) it keeps ``ticks``
+    (ticks run so far; a sequence's ``waited`` is the ticks since it was queued, preemption not
+    resetting it) and ``served`` (tenant -> tokens sampled for its sequences so far).
+    """
 
     def __init__(self, config: EngineConfig, allocator: BlockAllocator, mover: KVMover, slots: SlotPool,
                  max_model_len: int | None = None) -> None:
@@ -120,43 +163,42 @@ class Scheduler:
         self.allocator = allocator
         self.mover = mover
         self.slots = slots  # batch slots: one per sequence holding device KV (max_num_seqs)
-        self.key = POLICIES[config.policy]  # sort key: smaller runs first, is preempted last
+        self.key = running_key(config.policy)  # smaller runs first, is preempted last
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
-
-    # ------------------------------------------------------------------------------- queue membership
+        self.ticks = 0
+        self.served: dict[str, int] = {}
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request for admission."""
         seq.status = SeqStatus.WAITING
+        seq.queued_tick = self.ticks
         self.waiting.append(seq)
 
     def release(self, seq: Sequence) -> Released:
-        """The one release path of a sequence that ends (finished, cancelled, timed out, failed, or one
-        sample of several finished early): out of its queue, then its KV reservation, device blocks
-        (decref: a block shared with a sibling or a prefix stays with its other holders), batch slots and
-        host swap copy go back. Releasing a released sequence gives back nothing."""
+        """The one release path of a sequence that ends: out of its queue, then its reservation, device
+        blocks (decref: blocks shared with others stay), batch slots and host swap copy go back.
+        Releasing a released sequence gives back nothing."""
         if seq.status is SeqStatus.FINISHED:
             return Released(0, 0, 0, 0)
         queue = {SeqStatus.WAITING: self.waiting, SeqStatus.RUNNING: self.running,
                  SeqStatus.SWAPPED: self.swapped}[seq.status]
         if seq in queue:  # a sibling that never forked was in no queue
             queue.remove(seq)
+        swap = self.mover.drop_swapped(seq.seq_id) if seq.status is SeqStatus.SWAPPED else 0
         seq.status = SeqStatus.FINISHED
         reservation = self.allocator.release_reservation(seq.seq_id)
-        return Released(self.allocator.free(seq.seq_id), reservation, self.slots.release(seq.seq_id),
-                        self.mover.drop_swapped(seq.seq_id))
-
-    # ------------------------------------------------------------------------------- the tick
+        return Released(self.allocator.free(seq.seq_id), reservation, self.slots.release(seq.seq_id), swap)
 
     def schedule(self) -> SchedulerOutput:
         """Decide the next forward pass; see the module docstring for the order of decisions."""
+        self.ticks += 1
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
-        self._swap_in(out)
+        if self.swapped:
+            swap_in(self, out)
         self.running.sort(key=self.key)
-        budget = self._schedule_running(out, budget)
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         scheduled = {c.seq_id for c in out.chunks}
         out.descheduled = [s.seq_id for s in self.running if s.seq_id not in scheduled and not s.paused]
         out.paused = [s.seq_id for queue in (self.running, self.swapped, self.waiting) for s in queue if s.paused]
@@ -164,14 +206,17 @@ class Scheduler:
             self._admit_waiting(out, budget)
         return out
 
-    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
-        """Split ``parent``, whose prompt is computed, into itself plus ``children`` (parallel sampling).
+    def rank_waiting(self) -> list[Sequence]:
+        """The waiting queue best first under the policy (it is kept in that order)."""
+        for seq in self.waiting:
+            seq.waited = self.ticks - seq.queued_tick
+        self.waiting = rank_waiting(self.config.policy, self.waiting, self.served, self.config.aging_rate)
+        return self.waiting
 
-        Each child gets a block table sharing every block of the parent (``BlockAllocator.fork``: refcount
-        + 1, no bytes move; a later write into the shared partially filled tail is copied on write by
-        :meth:`_grow_kv`), the parent's progress, one of the batch slots the parent held for it, and
-        a place in the running queue. Called by the engine right after the parent's last prompt chunk.
-        """
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Split ``parent``, whose prompt is computed, into itself plus ``children`` (parallel sampling):
+        each child shares every block of the parent (``BlockAllocator.fork``; a write into the shared
+        partial tail is copied on write), takes its progress, one of its batch slots and a running place."""
         self.slots.release(parent.seq_id)  # the parent held 1 + len(children) slots since admission
         for seq in (parent, *children):
             self.slots.acquire(seq.seq_id)
@@ -186,11 +231,13 @@ class Scheduler:
         parent.samples_to_fork = 0
 
     def commit(self, chunk: ScheduledChunk) -> None:
-        """Record that the forward pass computed ``chunk``: advance ``num_computed`` and tell the allocator,
-        which only now offers the blocks it filled to the prefix cache (``cache_on_compute``)."""
+        """The forward pass computed ``chunk``: advance ``num_computed``, let the allocator offer the blocks
+        it filled to the prefix cache, and count a sampled token for the tenant."""
         seq = chunk.seq
         seq.num_computed = chunk.start + chunk.num_tokens
         self.allocator.mark_computed(seq.seq_id, seq.num_computed)
+        if chunk.emits_token:
+            self.served[seq.tenant] = self.served.get(seq.tenant, 0) + 1
 
     # ------------------------------------------------------------------------------- running sequences
 
@@ -217,11 +264,8 @@ class Scheduler:
         return budget if self.config.enable_chunked_prefill else 0
 
     def _grow_kv(self, seq: Sequence, upto: int, out: SchedulerOutput) -> bool:
-        """Grow ``seq``'s KV allocation to hold positions up to ``upto`` (token slots in its blocks),
-        preempting others (or seq) when the pool is short.
-
-        Returns False when ``seq`` itself had to be preempted.
-        """
+        """Slots for positions up to ``upto``, preempting from the back of the running queue when the pool
+        is short. False when ``seq`` itself was preempted."""
         have = self.allocator.num_tokens(seq.seq_id)
         if have >= upto:
             return True
@@ -249,9 +293,8 @@ class Scheduler:
         otherwise drop it (recompute later)."""
         self.running.remove(seq)
         self.slots.release(seq.seq_id)
-        computed_blocks = self.allocator.block_table(seq.seq_id)[:self._blocks_for(seq.num_computed)]
-        swapped = (self.config.preemption_mode == "swap" and seq.num_computed > 0
-                   and self.mover.swap_out(seq.seq_id, computed_blocks))
+        swapped = (self.config.preemption_mode == "swap" and seq.num_computed > 0 and self.mover.swap_out(
+            seq.seq_id, self.allocator.block_table(seq.seq_id)[:blocks_for(seq.num_computed, self.config.block_size)]))
         self.allocator.free(seq.seq_id)
         if swapped:
             seq.status = SeqStatus.SWAPPED
@@ -263,31 +306,10 @@ class Scheduler:
             self.waiting.append(seq)
             out.preempted.append(seq.seq_id)
 
-    def _swap_in(self, out: SchedulerOutput) -> None:
-        """Bring swapped sequences (not paused ones) back while slots and blocks allow, best-ranked first."""
-        self.swapped.sort(key=self.key)
-        for seq in [s for s in self.swapped if not s.paused]:
-            if self.slots.available < seq.batch_slots:
-                return
-            need = self._blocks_for(seq.num_tokens)  # its KV plus the slots of its next chunk
-            if not self.allocator.reserve(seq.seq_id, need):
-                return
-            self.slots.acquire(seq.seq_id, seq.batch_slots)
-            blocks = self.allocator.restore(seq.seq_id, seq.num_computed, seq.token_ids[:seq.num_computed],
-                                            namespace=seq.namespace)
-            self.allocator.release_reservation(seq.seq_id)
-            self.mover.swap_in(seq.seq_id, blocks)
-            self.allocator.mark_computed(seq.seq_id, seq.num_computed)  # the KV is back: offer it to the cache
-            self.swapped.remove(seq)
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
-            out.swapped_in.append(seq.seq_id)
-
     # ------------------------------------------------------------------------------- admission
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        self.waiting.sort(key=self.key)
-        for seq in [s for s in self.waiting if not s.paused]:
+        for seq in [s for s in self.rank_waiting() if not s.paused]:
             if budget == 0 or not self.slots.available:
                 return
             if not self._try_admit(seq, budget, out):
@@ -295,11 +317,10 @@ class Scheduler:
             budget -= out.chunks[-1].num_tokens
 
     def _try_admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
-        """Admit ``seq`` and schedule its first chunk. True: admitted; False: no room (blocks or token budget).
+        """Admit ``seq`` and schedule its first chunk; False: no room (slots, blocks or token budget).
 
-        Skipping the cached prefix is safe: the allocator (``cache_on_compute``) offers a block to the
-        prefix cache only once :meth:`commit` reports it computed, so blocks another request is still
-        prefilling, or abandoned half-way, are simply a miss and get computed here.
+        Skipping the cached prefix is safe: a block enters the prefix cache only once :meth:`commit`
+        reports it computed, so a block another request is still prefilling is a miss here.
         """
         tokens = seq.token_ids
         if self.slots.available < seq.batch_slots:
@@ -307,13 +328,12 @@ class Scheduler:
         if (not self.config.enable_chunked_prefill
                 and len(tokens) - self.allocator.lookup_prefix(tokens, seq.namespace) > budget):
             return False
-        if not self.reservation.admit(self.allocator, seq):  # phase 1: the blocks it is promised
+        if not self.reservation.admit(self.allocator, seq):
             return False
         allocation = self.allocator.allocate_prompt(seq.seq_id, tokens, seq.namespace)  # fits the reservation
         self._execute_copies(allocation.copies, out)
-        self.reservation.keep_output_promise(self.allocator, seq)  # phase 2: only the output's promise stays
+        self.reservation.keep_output_promise(self.allocator, seq)
         cached = allocation.cached_prompt_tokens
-        count = min(len(tokens) - cached, budget)
         self.waiting.remove(seq)
         self.slots.acquire(seq.seq_id, seq.batch_slots)
         seq.num_computed = cached
@@ -322,16 +342,11 @@ class Scheduler:
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
         out.admitted.append(seq.seq_id)
-        self._add_chunk(out, seq, count)
+        self._add_chunk(out, seq, min(len(tokens) - cached, budget))
         return True
-
-    # ------------------------------------------------------------------------------- helpers
 
     def _execute_copies(self, copies: tuple[BlockCopy, ...], out: SchedulerOutput) -> None:
         """Copy-on-write now: the source may be a free cached block that the next allocation reuses."""
         pairs = [(c.src, c.dst) for c in copies]
         self.mover.copy_blocks(pairs)
         out.copies.extend(pairs)
-
-    def _blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.config.block_size)

@@ -11,50 +11,32 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from servelab.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-    from servelab.kv.allocator import BlockAllocator
+    from servelab.kv.block_pool import BlockPool
 
 
 @dataclass
 class StepRecord:
-    """One engine iteration (one scheduler tick plus its forward pass).
+    """One engine iteration (one scheduler tick plus its forward pass). Maps and lists are keyed by
+    sequence id; times are clock readings in seconds; block and queue counts are taken after the step."""
 
-    Attributes:
-        step: iteration number, from 0.
-        start, end: clock readings (seconds) around the whole step.
-        prefill_tokens: sequence id -> prompt (or recompute) tokens computed this step.
-        decode_tokens: sequence id -> decode tokens computed this step (always 1).
-        positions: sequence id -> ``(start, end)``: the token positions computed this step (end exclusive).
-        admitted: sequences that got KV blocks this step (new or readmitted after recompute).
-        preempted: sequences whose KV was dropped (recompute later).
-        swapped_out, swapped_in: sequences whose KV moved to / from host memory.
-        descheduled: running sequences skipped this step (token budget spent); they kept their KV.
-        paused: requests the caller paused (``LLMEngine.pause``), skipped this step in whichever queue
-            they were; a paused running request keeps its KV blocks and batch slot.
-        finished: sequence id -> finish reason, for requests that ended during this step.
-        blocks_used, blocks_free: device KV blocks with refcount > 0 / == 0, after the step.
-        blocks_shared: blocks with refcount > 1 (prefix sharing), after the step.
-        blocks_cached: free blocks still holding a reusable prefix-cache entry, after the step.
-        num_waiting, num_running, num_swapped: queue lengths after the step.
-    """
-
-    step: int
-    start: float
-    end: float = 0.0
-    prefill_tokens: dict[str, int] = field(default_factory=dict)
-    decode_tokens: dict[str, int] = field(default_factory=dict)
-    positions: dict[str, tuple[int, int]] = field(default_factory=dict)
-    admitted: list[str] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-    swapped_out: list[str] = field(default_factory=list)
-    swapped_in: list[str] = field(default_factory=list)
-    descheduled: list[str] = field(default_factory=list)
-    paused: list[str] = field(default_factory=list)
-    finished: dict[str, str] = field(default_factory=dict)
-    blocks_used: int = 0
-    blocks_free: int = 0
-    blocks_shared: int = 0
-    blocks_cached: int = 0
-    num_waiting: int = 0
+    step: int  # iteration number, from 0
+    start: float  # clock reading when the step began
+    end: float = 0.0  # ... and when it ended
+    prefill_tokens: dict[str, int] = field(default_factory=dict)  # prompt (or recompute) tokens computed
+    decode_tokens: dict[str, int] = field(default_factory=dict)  # decode tokens computed (always 1)
+    positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # (start, end) computed, end exclusive
+    admitted: list[str] = field(default_factory=list)  # got KV blocks (new, or readmitted after recompute)
+    preempted: list[str] = field(default_factory=list)  # KV dropped (recompute later)
+    swapped_out: list[str] = field(default_factory=list)  # KV moved to host memory
+    swapped_in: list[str] = field(default_factory=list)  # KV moved back from host memory
+    descheduled: list[str] = field(default_factory=list)  # running, skipped (token budget spent), KV kept
+    paused: list[str] = field(default_factory=list)  # paused by the caller (LLMEngine.pause), skipped; keeps its KV
+    finished: dict[str, str] = field(default_factory=dict)  # request id -> finish reason, ended this step
+    blocks_used: int = 0  # device KV blocks with refcount > 0
+    blocks_free: int = 0  # ... with refcount 0
+    blocks_shared: int = 0  # ... with refcount > 1 (prefix sharing, forks)
+    blocks_cached: int = 0  # free blocks still holding a reusable prefix-cache entry
+    num_waiting: int = 0  # queue lengths
     num_running: int = 0
     num_swapped: int = 0
 
@@ -76,7 +58,7 @@ class StepRecord:
         counts[chunk.seq_id] = chunk.num_tokens
         self.positions[chunk.seq_id] = (chunk.start, chunk.start + chunk.num_tokens)
 
-    def close(self, sched: "SchedulerOutput", allocator: "BlockAllocator", scheduler: "Scheduler",
+    def close(self, sched: "SchedulerOutput", allocator: "BlockPool", scheduler: "Scheduler",
               finished: dict[str, str], end: float) -> None:
         """Copy the tick's decisions, the pool's and queues' state after the step, and the end time."""
         self.admitted, self.preempted = list(sched.admitted), list(sched.preempted)
@@ -84,8 +66,7 @@ class StepRecord:
         self.descheduled, self.paused = list(sched.descheduled), list(sched.paused)
         self.finished = finished
         self.blocks_used, self.blocks_free = allocator.num_used_blocks, allocator.num_free_blocks
-        view = allocator.inspect()
-        self.blocks_shared, self.blocks_cached = view.num_shared_blocks, view.num_cached_free_blocks
+        self.blocks_shared, self.blocks_cached = allocator.num_shared_blocks, allocator.num_cached_free_blocks
         self.num_waiting, self.num_running = len(scheduler.waiting), len(scheduler.running)
         self.num_swapped = len(scheduler.swapped)
         self.end = end

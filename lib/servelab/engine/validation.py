@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from servelab._validate import require_int, require_real, require_type
 from servelab.engine.config import EngineConfig
-from servelab.engine.reservation import ReservationPolicy
+from servelab.engine.scheduler import ReservationPolicy
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling.params import SamplingParams
 
@@ -89,12 +89,13 @@ class RequestValidator:
                              f"{self.num_blocks}; lower max_tokens or enlarge num_blocks")
 
     @staticmethod
-    def check_options(deadline_s: float | None, namespace: str, priority: int) -> None:
-        """``deadline_s`` positive seconds or None, ``namespace`` a str, ``priority`` an int."""
+    def check_options(deadline_s: float | None, namespace: str, priority: int, tenant: str = "") -> None:
+        """``deadline_s`` positive seconds or None, ``namespace`` and ``tenant`` strs, ``priority`` an int."""
         if deadline_s is not None:
             require_real("deadline_s", deadline_s, 0, strict_min=True)
         require_type("namespace", namespace, str)
         require_int("priority", priority)
+        require_type("tenant", tenant, str)
 
     def request_id(self, request_id: str | None, in_use: Callable[[str], bool]) -> str:
         """The caller's id after checks, or a fresh ``req-N`` id."""

@@ -2,7 +2,9 @@
 view of the pool, and (torch) what evicting old tokens' KV does.
 
 * :mod:`~servelab.kv.arithmetic`: bytes per token, allocated vs logical slots, sharing counts, TP split.
-* :mod:`~servelab.kv.allocator`: ``BlockAllocator``, free list, refcounts, reservations, copy-on-write.
+* :mod:`~servelab.kv.block_pool`: ``BlockPool``, what one engine step calls: block tables, free list,
+  refcounts, reservations, prefix hits, copy-on-write.
+* :mod:`~servelab.kv.allocator`: ``BlockAllocator``, the pool plus fork, restore and the read-only interface.
 * :mod:`~servelab.kv.prefix_cache`: chain keys of full blocks; block-hash vs radix-tree reuse.
 * :mod:`~servelab.kv.inspection`: ``BlockPoolView`` (``BlockAllocator.inspect()``): snapshots, checks.
 * :mod:`~servelab.kv.eviction`: dropping the oldest tokens' KV (imports torch; not re-exported here).
@@ -11,6 +13,7 @@ view of the pool, and (torch) what evicting old tokens' KV does.
 from servelab.kv.allocator import BlockAllocator, BlockCopy, DoubleFreeError, OutOfBlocks, PromptAllocation
 from servelab.kv.arithmetic import (block_alloc_slots, blocks_for, kv_bytes_per_token, kv_heads_per_tp_rank,
                                     physical_blocks_no_sharing, physical_blocks_with_sharing)
+from servelab.kv.block_pool import BlockPool
 from servelab.kv.inspection import BlockPoolState, BlockPoolView, SequenceBlocks
 from servelab.kv.prefix_cache import full_block_keys, prefix_block_key
 
@@ -28,6 +31,7 @@ __all__ = [
     "BlockCopy",
     "PromptAllocation",
     "BlockAllocator",
+    "BlockPool",
     "BlockPoolState",
     "BlockPoolView",
     "SequenceBlocks",

@@ -1,165 +1,45 @@
-"""The paged KV block allocator: free list, refcounts, reservations, copy-on-write and the prefix cache.
-
-A fixed pool of ``num_blocks`` physical blocks of ``block_size`` token slots is handed out through
-per-sequence *block tables*; shared blocks carry a refcount; full blocks enter a prefix cache keyed by
-their exact token prefix (see :class:`BlockAllocator`). Besides its mutating calls it answers a small
-read-only interface (counts, tables, refcounts); ``inspect()`` wraps that in a
-:class:`~servelab.kv.inspection.BlockPoolView` (sharing counts, owners, snapshots, invariant checks).
-
-No tensors: it returns block ids and ``BlockCopy`` instructions; the engine moves the bytes and tracks
-how many tokens it has computed. Units are blocks or token slots.
+"""``BlockAllocator``: the paged KV block allocator, the :class:`~servelab.kv.block_pool.BlockPool` one step
+uses plus what no ordinary step calls: ``fork`` (parallel sampling), ``restore`` (a swap-in), ``can_append``,
+and the small read-only interface (refcounts, tables, reservations, the prefix cache) that ``inspect()``
+wraps in a :class:`~servelab.kv.inspection.BlockPoolView` (sharing counts, owners, snapshots, invariant
+checks). Units are blocks or token slots.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 
-from servelab._validate import require_id, require_index, require_indices, require_type
+from servelab._validate import require_index, require_indices, require_type
 from servelab.kv.arithmetic import blocks_for
+from servelab.kv.block_pool import BlockCopy, BlockPool, DoubleFreeError, OutOfBlocks, PromptAllocation, _BlockTable
 from servelab.kv.inspection import BlockPoolView, SequenceBlocks
-from servelab.kv.prefix_cache import match_blocks, prefix_block_key
 
 __all__ = ["OutOfBlocks", "DoubleFreeError", "BlockCopy", "PromptAllocation", "BlockAllocator"]
 
 
-class OutOfBlocks(RuntimeError):
-    """An allocation needs more blocks than the pool can give without breaking others' reservations;
-    raised before anything changes."""
-
-
-class DoubleFreeError(RuntimeError):
-    """A block's refcount would drop below zero: some holder released it twice. Always a bug."""
-
-
-@dataclass(frozen=True)
-class BlockCopy:
-    """Copy-on-write instruction: copy every slot of physical block ``src`` into ``dst``, before the next
-    KV write or allocating call (``src`` may be a free cached block that a later allocation reuses)."""
-
-    src: int
-    dst: int
-
-
-@dataclass(frozen=True)
-class PromptAllocation:
-    """Result of ``allocate_prompt``: ``cached_prompt_tokens`` prompt tokens already have KV (a prefix hit,
-    full blocks, at most ``len(prompt) - 1``); apply ``copies`` before computing the rest."""
-
-    cached_prompt_tokens: int
-    copies: tuple[BlockCopy, ...]
-
-
-@dataclass
-class _BlockTable:
-    """The allocator's record of one sequence: its block ids and the chain keys of its full blocks.
-
-    It keeps no copy of the sequence's tokens: ``tail`` holds only the ids written into the partially
-    filled last block (fewer than ``block_size``), what the key of that block needs once it fills;
-    None when the ids are unknown (restore without ids), and then the sequence feeds no cache.
-    ``full_keys[:num_published]`` have been offered to the prefix cache."""
-
-    table: list[int]
-    num_tokens: int
-    namespace: str
-    tail: list[int] | None
-    full_keys: list[bytes]
-    num_published: int = 0
-
-
-@dataclass(frozen=True)
-class _PromptPlan:
-    """What ``allocate_prompt`` will do, computed without side effects."""
-
-    shared: list[int]
-    revived: set[int]
-    fresh: int
-    cow_src: int | None
-    cached_tokens: int
-
-
-class BlockAllocator:
-    """Paged KV block manager: block tables, refcounts, reservations, copy-on-write and a prefix cache.
-
-    * *allocated slots* (``num_tokens``): positions with a physical slot in the sequence's block table;
-      how many of them are *computed* is the engine's business.
-    * *free* blocks have refcount 0; *cached* free blocks still hold a registered full block that a
-      prefix hit can revive until the pool reuses them (uncached first, then least recently freed).
-    * a *reservation* is bookkeeping only: it promises a sequence future blocks by lowering
-      ``num_available_blocks``. That sequence's allocations consume it first; everyone else's may only
-      use the unreserved headroom.
-
-    A full block enters the prefix cache as soon as its slots are allocated, or, with
-    ``cache_on_compute=True`` (what an engine with chunked prefill needs, so no request hits blocks that
-    are allocated but not yet written), once ``mark_computed`` reports it computed.
-
-    Every mutating method either succeeds completely or raises and changes nothing.
+class BlockAllocator(BlockPool):
+    """The paged KV block manager (see :class:`~servelab.kv.block_pool.BlockPool` for the model and the
+    step's calls): a pool of ``num_blocks`` blocks of ``block_size`` token slots.
 
     >>> alloc = BlockAllocator(num_blocks=8, block_size=4)
-    >>> alloc.reserve("a", 3)  # admission: bookkeeping only
-    True
-    >>> alloc.allocate_prompt("a", [1, 2, 3, 4, 5, 6])  # a tick picks it: 2 blocks from the reservation
+    >>> alloc.allocate_prompt("a", [1, 2, 3, 4, 5, 6])
     PromptAllocation(cached_prompt_tokens=0, copies=())
-    >>> alloc.append_tokens("a", [7])  # a slot for the next token's KV; fits the tail block
-    ()
-    >>> alloc.allocate_prompt("b", [1, 2, 3, 4, 9]).cached_prompt_tokens  # first block is a prefix hit
-    4
-    >>> alloc.refcount(alloc.block_table("a")[0]), alloc.num_used_blocks, alloc.num_reserved_blocks
-    (2, 3, 1)
+    >>> alloc.fork("a", "b")  # the child shares both blocks
+    >>> alloc.refcount(alloc.block_table("a")[0]), alloc.num_used_blocks
+    (2, 2)
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
-                 cache_on_compute: bool = False) -> None:
-        self._num_blocks = require_index("num_blocks", num_blocks, 1)
-        self._block_size = require_index("block_size", block_size, 1)
-        self._caching = require_type("enable_prefix_caching", enable_prefix_caching, bool)
-        self._cache_on_compute = require_type("cache_on_compute", cache_on_compute, bool)
-        self._refcount = [0] * self._num_blocks
-        # free list: front = next to reuse (uncached first, then least recently freed cached blocks)
-        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self._num_blocks))
-        self._cache: dict[bytes, int] = {}  # chain key -> physical block
-        self._key_of: dict[int, bytes] = {}  # physical block -> its registered chain key
-        self._seqs: dict[Hashable, _BlockTable] = {}
-        self._reserved: dict[Hashable, int] = {}
-        self._total_reserved = 0
-
     # ------------------------------------------------------------------ read-only interface
-    @property
-    def num_blocks(self) -> int:
-        """Physical blocks in the pool."""
-        return self._num_blocks
-
-    @property
-    def block_size(self) -> int:
-        """Token slots per block."""
-        return self._block_size
-
     @property
     def enable_prefix_caching(self) -> bool:
         """Whether full blocks are registered and matched in the prefix cache."""
         return self._caching
 
     @property
-    def num_free_blocks(self) -> int:
-        """Blocks with refcount 0, including cached ones that a prefix hit could still revive."""
-        return len(self._free)
-
-    @property
-    def num_used_blocks(self) -> int:
-        """Blocks with refcount > 0."""
-        return self._num_blocks - len(self._free)
-
-    @property
     def num_reserved_blocks(self) -> int:
         """Blocks promised by reservations and not yet physically allocated."""
         return self._total_reserved
-
-    @property
-    def num_available_blocks(self) -> int:
-        """Free blocks not promised to any reservation: headroom for new reservations or allocations."""
-        return len(self._free) - self._total_reserved
 
     def refcount(self, block: int) -> int:
         """Number of block-table references to physical block ``block``."""
@@ -176,14 +56,6 @@ class BlockAllocator:
     def has_sequence(self, seq_id: Hashable) -> bool:
         """True while ``seq_id`` has a block table (allocated and not yet freed)."""
         return seq_id in self._seqs
-
-    def block_table(self, seq_id: Hashable) -> list[int]:
-        """Copy of the sequence's block table: entry ``i`` is the physical block of logical block ``i``."""
-        return list(self._seq(seq_id).table)
-
-    def num_tokens(self, seq_id: Hashable) -> int:
-        """Token slots allocated to the sequence (not necessarily computed yet)."""
-        return self._seq(seq_id).num_tokens
 
     def reserved_blocks(self, seq_id: Hashable) -> int:
         """Blocks still reserved for ``seq_id`` (0 when it holds no reservation)."""
@@ -211,110 +83,10 @@ class BlockAllocator:
         """A read-only view of this pool: sharing counts, owners, ``snapshot``, ``check_invariants``."""
         return BlockPoolView(self)
 
-    # ------------------------------------------------------------------ reservations
-    def reserve(self, seq_id: Hashable, num_blocks: int) -> bool:
-        """Promise ``num_blocks`` future blocks to ``seq_id`` (bookkeeping only; adds to any earlier one).
-
-        Returns False and changes nothing when ``num_available_blocks`` is smaller than ``num_blocks``.
-        The free list is untouched: ``num_free_blocks`` stays, ``num_available_blocks`` drops.
-        """
-        require_id("seq_id", seq_id)
-        num_blocks = require_index("num_blocks", num_blocks, 0)
-        if num_blocks > self.num_available_blocks:
-            return False
-        if num_blocks:
-            self._reserved[seq_id] = self._reserved.get(seq_id, 0) + num_blocks
-            self._total_reserved += num_blocks
-        return True
-
-    def release_reservation(self, seq_id: Hashable) -> int:
-        """Drop whatever is still reserved for ``seq_id``; returns how many blocks that was (0 if none)."""
-        released = self._reserved.pop(seq_id, 0)
-        self._total_reserved -= released
-        return released
-
-    # ------------------------------------------------------------------ prefix lookup
-    def lookup_prefix(self, token_ids: Sequence[int], namespace: str = "") -> int:
-        """Prompt tokens a prefix hit would supply (whole blocks, at most ``len(token_ids) - 1``: the last
-        prompt token is computed for the first sample's logits), as ``allocate_prompt`` would report."""
-        tokens = require_indices("token_ids", token_ids, 0, allow_empty=False)
-        matched = self._match(tokens, require_type("namespace", namespace, str))
-        return min(len(matched) * self._block_size, len(tokens) - 1)
-
-    def num_blocks_to_allocate(self, token_ids: Sequence[int], namespace: str = "") -> int:
-        """Free blocks ``allocate_prompt`` needs (fresh + revived, plus a free cached copy-on-write source
-        that must stay unreused until copied): a reservation of this many guarantees it succeeds."""
-        tokens = require_indices("token_ids", token_ids, 0, allow_empty=False)
-        plan = self._plan_prompt(tokens, require_type("namespace", namespace, str))
-        held_source = plan.cow_src is not None and self._refcount[plan.cow_src] == 0
-        return plan.fresh + len(plan.revived) + (1 if held_source else 0)
-
-    # ------------------------------------------------------------------ allocation
-    def allocate_prompt(self, seq_id: Hashable, token_ids: Sequence[int], namespace: str = "") -> PromptAllocation:
-        """Create ``seq_id``'s block table with slots for the whole prompt, reusing cached prefix blocks.
-
-        Cached full prompt blocks are shared (refcount + 1, reviving free ones); ``cached_prompt_tokens`` is
-        capped at ``len(token_ids) - 1``, and when the cap falls inside the last matched block that block
-        is copied on write (``BlockCopy`` returned) so the last token can be recomputed. Fresh blocks come
-        from the reservation first, then the headroom; full blocks are then registered in the cache.
-        Raises ValueError if ``seq_id`` already has a table, OutOfBlocks (nothing changed) if short.
-        """
-        self._check_new(seq_id)
-        tokens = require_indices("token_ids", token_ids, 0, allow_empty=False)
-        namespace = require_type("namespace", namespace, str)
-        plan = self._plan_prompt(tokens, namespace)
-        self._ensure_can_take(seq_id, plan.fresh + len(plan.revived), plan.cow_src)
-        table: list[int] = []
-        for block in plan.shared:
-            self._incref(block)
-            self._consume_reservation(seq_id, 1 if block in plan.revived else 0)
-            table.append(block)
-        copies: tuple[BlockCopy, ...] = ()
-        if plan.cow_src is not None:
-            dst = self._take_fresh(seq_id, exclude=plan.cow_src)
-            copies = (BlockCopy(plan.cow_src, dst),)
-            table.append(dst)
-        while len(table) < blocks_for(len(tokens), self._block_size):
-            table.append(self._take_fresh(seq_id))
-        seq = self._seqs[seq_id] = _BlockTable(table, 0, namespace, [], [])
-        self._fill(seq, tokens)
-        return PromptAllocation(plan.cached_tokens, copies)
-
     def can_append(self, seq_id: Hashable, num_tokens: int) -> bool:
         """True when ``append_tokens`` with ``num_tokens`` tokens would succeed for ``seq_id`` right now."""
         num_tokens = require_index("num_tokens", num_tokens, 1)
         return self._shortfall(seq_id, self._append_need(self._seq(seq_id), num_tokens)) == 0
-
-    def append_tokens(self, seq_id: Hashable, token_ids: Sequence[int]) -> tuple[BlockCopy, ...]:
-        """Allocate slots for more tokens of the sequence (a prefill chunk or a decode token).
-
-        A shared, partially filled tail block is copied on write first (``BlockCopy`` returned). New blocks
-        come from the reservation first; blocks that become full are registered in the prefix cache.
-        Raises OutOfBlocks with nothing changed when the pool cannot supply the blocks.
-        """
-        seq = self._seq(seq_id)
-        tokens = require_indices("token_ids", token_ids, 0, allow_empty=False)
-        self._ensure_can_take(seq_id, self._append_need(seq, len(tokens)))
-        copies: tuple[BlockCopy, ...] = ()
-        if self._tail_needs_cow(seq):
-            src = seq.table[-1]
-            dst = self._take_fresh(seq_id)
-            self._decref(src)
-            seq.table[-1] = dst
-            copies = (BlockCopy(src, dst),)
-        while len(seq.table) < blocks_for(seq.num_tokens + len(tokens), self._block_size):
-            seq.table.append(self._take_fresh(seq_id))
-        self._fill(seq, tokens)
-        return copies
-
-    def mark_computed(self, seq_id: Hashable, num_computed_tokens: int) -> int:
-        """The engine has written KV for the first ``num_computed_tokens`` slots: publish the full blocks
-        in that range to the prefix cache (deferred under ``cache_on_compute``). Returns how many entered."""
-        seq = self._seq(seq_id)
-        num_computed_tokens = require_index(f"num_computed_tokens (allocated slots of {seq_id!r})",
-                                            num_computed_tokens, 0, seq.num_tokens)
-        upto = min(num_computed_tokens // self._block_size, len(seq.full_keys))
-        return self._publish(seq, upto) if upto > seq.num_published else 0
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Give ``child_id`` a block table sharing every block of ``parent_id`` (each refcount + 1).
@@ -351,148 +123,3 @@ class BlockAllocator:
         seq = self._seqs[seq_id] = _BlockTable(table, 0, namespace, [] if tokens is not None else None, [])
         self._fill(seq, tokens if tokens is not None else num_tokens)
         return list(table)
-
-    def free(self, seq_id: Hashable) -> int:
-        """Release ``seq_id``: decref every block of its table (tail first) and drop its reservation.
-
-        Returns how many blocks went back to the free list (a shared block only with its last holder).
-        Idempotent: an unknown or already freed ``seq_id`` returns 0.
-        """
-        self.release_reservation(seq_id)
-        seq = self._seqs.pop(seq_id, None)
-        if seq is None:
-            return 0
-        return sum(self._decref(block) for block in reversed(seq.table))
-
-    # ------------------------------------------------------------------ internals: planning
-    def _seq(self, seq_id: Hashable) -> _BlockTable:
-        require_id("seq_id", seq_id)
-        try:
-            return self._seqs[seq_id]
-        except KeyError:
-            raise ValueError(f"seq_id {seq_id!r} has no block table") from None
-
-    def _check_new(self, seq_id: Hashable, name: str = "seq_id") -> None:
-        require_id(name, seq_id)
-        if seq_id in self._seqs:
-            raise ValueError(f"{name} {seq_id!r} already has a block table; free it first")
-
-    def _match(self, tokens: tuple[int, ...], namespace: str) -> list[int]:
-        """Physical blocks of the longest run of leading full blocks found in the prefix cache."""
-        return match_blocks(self._cache, tokens, self._block_size, namespace) if self._caching else []
-
-    def _plan_prompt(self, tokens: tuple[int, ...], namespace: str) -> _PromptPlan:
-        matched = self._match(tokens, namespace)
-        cached_tokens = min(len(matched) * self._block_size, len(tokens) - 1)
-        cow_src = None
-        if matched and cached_tokens < len(matched) * self._block_size:
-            cow_src = matched.pop()  # the cap falls inside the last matched block
-        revived = {b for b in matched if self._refcount[b] == 0}
-        fresh = blocks_for(len(tokens), self._block_size) - len(matched)
-        return _PromptPlan(matched, revived, fresh, cow_src, cached_tokens)
-
-    def _append_need(self, seq: _BlockTable, num_tokens: int) -> int:
-        """Blocks an append of ``num_tokens`` takes off the free list (new blocks + a copy-on-write)."""
-        new_blocks = blocks_for(seq.num_tokens + num_tokens, self._block_size) - len(seq.table)
-        return new_blocks + (1 if self._tail_needs_cow(seq) else 0)
-
-    def _tail_needs_cow(self, seq: _BlockTable) -> bool:
-        """The tail block is shared and has free slots, so writing into it must copy it first."""
-        return bool(seq.table) and seq.num_tokens % self._block_size != 0 and self._refcount[seq.table[-1]] > 1
-
-    def _shortfall(self, seq_id: Hashable, taken: int, exclude: int | None = None) -> int:
-        """How many blocks short the pool is for taking ``taken`` blocks off the free list for ``seq_id``.
-
-        ``exclude`` is a free block that must stay on the list (the source of a pending copy).
-        """
-        own = self._reserved.get(seq_id, 0)
-        headroom_short = max(0, taken - min(taken, own) - self.num_available_blocks)
-        usable = len(self._free) - (1 if exclude is not None and self._refcount[exclude] == 0 else 0)
-        return max(headroom_short, taken - usable, 0)
-
-    def _ensure_can_take(self, seq_id: Hashable, taken: int, exclude: int | None = None) -> None:
-        short = self._shortfall(seq_id, taken, exclude)
-        if short:
-            raise OutOfBlocks(f"seq_id {seq_id!r} needs {taken} blocks from the pool: {len(self._free)} free, "
-                              f"{self.num_available_blocks} unreserved, {self._reserved.get(seq_id, 0)} reserved "
-                              f"for it; short by {short}")
-
-    # ------------------------------------------------------------------ internals: mutation
-    def _consume_reservation(self, seq_id: Hashable, blocks: int) -> None:
-        own = self._reserved.get(seq_id, 0)
-        used = min(own, blocks)
-        if used:
-            self._total_reserved -= used
-            self._reserved[seq_id] = own - used
-            if used == own:
-                del self._reserved[seq_id]
-
-    def _take_fresh(self, seq_id: Hashable, exclude: int | None = None) -> int:
-        """Pop the next reusable free block (evicting its cache entry) and give it refcount 1."""
-        held_back = exclude is not None and exclude in self._free
-        if held_back:
-            del self._free[exclude]
-        block, _ = self._free.popitem(last=False)
-        if held_back:
-            self._free[exclude] = None  # back at the most-recently-used end: it was just hit
-        key = self._key_of.pop(block, None)
-        if key is not None:
-            del self._cache[key]
-        self._refcount[block] = 1
-        self._consume_reservation(seq_id, 1)
-        return block
-
-    def _incref(self, block: int) -> None:
-        if self._refcount[block] == 0:
-            del self._free[block]
-        self._refcount[block] += 1
-
-    def _decref(self, block: int) -> int:
-        """Drop one reference; returns 1 if the block went back to the free list, else 0."""
-        if self._refcount[block] <= 0:
-            raise DoubleFreeError(f"block {block} released with refcount {self._refcount[block]}")
-        self._refcount[block] -= 1
-        if self._refcount[block]:
-            return 0
-        self._free[block] = None
-        if block not in self._key_of:
-            self._free.move_to_end(block, last=False)  # holds nothing reusable: hand it out first
-        return 1
-
-    def _fill(self, seq: _BlockTable, tokens: tuple[int, ...] | int) -> None:
-        """Record tokens written into already-allocated slots; register blocks that became full.
-
-        ``tokens`` is the token ids, or a bare count when the ids are unknown (restore without ids).
-        """
-        seq.num_tokens += tokens if isinstance(tokens, int) else len(tokens)
-        if seq.tail is None or isinstance(tokens, int):
-            seq.tail = None  # ids unknown: this sequence no longer feeds the cache
-            return
-        pending = seq.tail + list(tokens)
-        full = len(pending) // self._block_size * self._block_size
-        for lo in range(0, full, self._block_size):
-            self._register_full(seq, pending[lo:lo + self._block_size])
-        seq.tail = pending[full:]
-
-    def _register_full(self, seq: _BlockTable, block_tokens: list[int]) -> None:
-        """Extend the sequence's key chain by the block that ``block_tokens`` just filled; publish it
-        unless deferred."""
-        parent = seq.full_keys[-1] if seq.full_keys else None
-        seq.full_keys.append(prefix_block_key(parent, block_tokens, seq.namespace))
-        if not self._cache_on_compute:
-            self._publish(seq, len(seq.full_keys))
-
-    def _publish(self, seq: _BlockTable, upto: int) -> int:
-        """Offer full blocks ``[num_published, upto)`` to the prefix cache; returns how many were cached.
-
-        A block is cached only if no other block already holds its key (the first copy stays).
-        """
-        cached = 0
-        for i in range(seq.num_published, upto):
-            key, block = seq.full_keys[i], seq.table[i]
-            if self._caching and key not in self._cache and block not in self._key_of:
-                self._cache[key] = block
-                self._key_of[block] = key
-                cached += 1
-        seq.num_published = max(seq.num_published, upto)
-        return cached

@@ -23,7 +23,7 @@ not own a KV cache. Attention is delegated to an *attention backend*, a callable
 
 * :class:`DenseCausalAttention` (here) treats the leading dims as ``[batch, seq]`` and attends
   causally within each row: training and the full-recompute reference loop use it;
-* the engine's paged backend (``servelab.engine.attention``) treats the leading dim as a flat list of
+* the engine's paged backend (``servelab.engine.model_runner``) treats the leading dim as a flat list of
   tokens from many sequences, writes K/V into the paged block pool and reads history through block tables.
 
 Shapes: ``q`` is ``[*lead, n_heads, head_dim]``, ``k`` and ``v`` are ``[*lead, n_kv_heads, head_dim]``,

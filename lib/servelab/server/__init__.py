@@ -6,7 +6,8 @@ error middleware; its knobs in :mod:`~servelab.server.config`) with the request 
 (:mod:`~servelab.server.protocol`: bounded JSON, validation, the chat template) and its response side
 (:mod:`~servelab.server.responses`: choices, usage, server-sent events, OpenAI-shaped errors), and the
 bridge (:mod:`~servelab.server.bridge`: the bounded queue, the one thread that owns the engine,
-cancellation and backpressure). What happens inside
+cancellation and backpressure; each request's bounded output stream and the backpressure rule in
+:mod:`~servelab.server.streams`). What happens inside
 is exported at ``GET /metrics`` (:mod:`~servelab.server.metrics`, Prometheus, vLLM's metric names);
 :mod:`~servelab.server.demo` holds what §1 and §2 show of it; :mod:`~servelab.server.soak` checks that its
 memory stays flat over many requests. Start it with

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from servelab.engine.sampler import TokenLogprob
+from servelab.engine.logprobs import TokenLogprob
 
 __all__ = ["LOGPROB_FLOOR", "LogprobFormatter", "CompletionLogprobs"]
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from servelab.engine import RequestOutput
-from servelab.engine.sampler import TokenLogprob
-from servelab.server.bridge import (BridgeError, EngineFailure, InvalidRequest, QueueTimeout, RequestStream,
-                                    SlowClient)
+from servelab.engine.logprobs import TokenLogprob
+from servelab.server.streams import (BridgeError, EngineFailure, InvalidRequest, QueueTimeout, RequestStream,
+                                     SlowClient)
 from servelab.server.gate import Rejection
 from servelab.server.logprobs import CompletionLogprobs, LogprobFormatter
 

@@ -1,0 +1,69 @@
+"""Log-probabilities: the raw model's ``log_softmax`` of the logits rows a step already computed.
+
+Before any processor (vLLM's default ``raw_logprobs``), in float64: the engine reads them from the step
+that sampled the token (``params.logprobs``) and, for prompt tokens, from the prefill that computed them
+(``params.prompt_logprobs``), never from a second forward pass. Only requests that ask for them run this.
+
+System boundary: logits ``[rows, vocab]`` (any device) in, Python floats out; natural logarithms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from servelab.engine.sequence import Sequence
+
+__all__ = ["TokenLogprob", "token_logprobs", "record_sampled", "score_prompts"]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's raw log-probability (natural log) and the ``k`` most likely tokens at its position."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
+def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top_k: Sequence[int]) -> list[TokenLogprob]:
+    """Per row of ``logits`` (``[rows, vocab]``): the raw log-softmax of ``targets[i]`` and the
+    ``top_k[i]`` most likely tokens (ties: torch.topk's order)."""
+    if logits.dim() != 2 or not logits.shape[0] == len(targets) == len(top_k):
+        raise ValueError(f"logits must be [len(targets), vocab], got shape {tuple(logits.shape)}")
+    if not len(targets):
+        return []
+    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    index = torch.tensor(list(targets), dtype=torch.long, device=logp.device)[:, None]
+    chosen = logp.gather(1, index)[:, 0].tolist()
+    k = max(top_k)
+    values, ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
+    values, ids = values.tolist(), ids.tolist()
+    return [TokenLogprob(int(t), lp, tuple(zip(ids[i][:top_k[i]], values[i][:top_k[i]])))
+            for i, (t, lp) in enumerate(zip(targets, chosen))]
+
+
+def record_sampled(logits: torch.Tensor, seqs: Sequence["Sequence"], tokens: Sequence[int | None]) -> None:
+    """Append to each sample that asked for ``params.logprobs`` the logprob of the token it just drew from
+    its row of ``logits`` (the raw distribution of the same rows)."""
+    wanted = [i for i, s in enumerate(seqs) if s.params.logprobs is not None and tokens[i] is not None]
+    if not wanted:
+        return
+    found = token_logprobs(logits[torch.tensor(wanted, device=logits.device)], [tokens[i] for i in wanted],
+                           [seqs[i].params.logprobs for i in wanted])
+    for i, logprob in zip(wanted, found):
+        seqs[i].logprobs.append(logprob)
+
+
+def score_prompts(rows: Sequence[tuple["Sequence", int]], logits: torch.Tensor) -> None:
+    """Store the prompt logprobs of a step's score rows (``(sequence, position)`` each, its row of ``logits``
+    scoring prompt token ``position + 1``); a position scored before (a recomputed prefill) is skipped."""
+    found = token_logprobs(logits, [seq.prompt_ids[p + 1] for seq, p in rows],
+                           [seq.params.prompt_logprobs for seq, _ in rows])
+    for (seq, position), logprob in zip(rows, found):
+        if position == len(seq.prompt_logprobs):
+            seq.prompt_logprobs.append(logprob)
