@@ -3,7 +3,7 @@
 Reservation rule: every clause of the book that says what a KV reservation covers (the uncached
 prompt, the prompt plus max_tokens, a predicted output) is read with the policy it names, and
 whether it claims the output is reserved must match that policy's behaviour in
-``servelab.engine.reservation`` (the default policy when it names none but says "default"). Two
+``servelab.engine.scheduler`` (the default policy when it names none but says "default"). Two
 pages that state the rule differently cannot both pass. The state diagram's hover text is read too.
 
 Data as words: nothing a reader reads on any page may show a Python boolean ("True", "False") or a
@@ -183,7 +183,8 @@ def reservation_claims(text: str) -> list[tuple[str, bool, str]]:
 
 def expected_covers_output() -> dict[str, bool]:
     """Whether each policy (and the default) reserves output blocks, from the engine's behaviour."""
-    from servelab.engine.reservation import RESERVATION_POLICIES, ReservationPolicy
+    from servelab.engine.config import RESERVATION_POLICIES
+    from servelab.engine.scheduler import ReservationPolicy
     from servelab.reservation_rules import default_policy
 
     covers = {p: ReservationPolicy(p, block_size=16).output_blocks(20, 40, samples=1) > 0
