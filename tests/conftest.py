@@ -45,3 +45,12 @@ def engine_device(request: pytest.FixtureRequest):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(DEVICE_ENV, request.param)
         yield request.param
+
+
+# Test files that mostly wait (notebooks hanging until a limit kills them) start first, so that one
+# pytest worker waits on them while the others run the rest and the workers end together.
+WAIT_FIRST = ("test_nbval_hangs.py", "test_nbrun.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in WAIT_FIRST)

@@ -1,7 +1,8 @@
-"""tools/clean_install.py and tools/nbval_variants.py: what a run of the notebooks is compared against."""
+"""tools/clean_install.py and tools/cpu_variant.py: what a run of the notebooks is compared against."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,15 +28,10 @@ def test_glue_records_leave_the_saved_outputs_and_everything_else_stays():
     nbformat.validate(nb)
 
 
-def test_a_variant_copy_ends_at_its_last_checked_cell(tmp_path):
-    import nbval_variants
+def test_the_cpu_variant_changes_the_kernel_family_and_the_threads():
+    import cpu_variant
 
-    cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("x"),
-             nbformat.v4.new_markdown_cell("after"), nbformat.v4.new_code_cell("slow_timing()")]
-    cells[1].metadata["tags"] = ["nbval-check-output"]
-    path = tmp_path / "nb.ipynb"
-    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
-    nbval_variants.up_to_last_checked(path)
-    cut = nbformat.read(path, as_version=4)
-    assert [c.source for c in cut.cells] == ["x = 1", "x"]
-    nbformat.validate(cut)
+    name, overrides = cpu_variant.cpu_variant()
+    assert overrides["OMP_NUM_THREADS"] == "2"
+    assert overrides["ATEN_CPU_CAPABILITY"].upper() != cpu_variant.native_capability()
+    cpu_variant.check_forced({**os.environ, **overrides})

@@ -20,43 +20,13 @@ import pytest
 
 from servelab import nbrun
 
+from runner_notebooks import never_returns, notebook, wait_dead
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 
 LIMIT_S = 15  # a kernel starts in a few seconds even on a loaded 2-core machine
-NBVAL_LIMIT_S = 40  # pytest and nbval start first: under load (two test workers beside other jobs) that took over 15 s
-
-
-def notebook(*sources: str) -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
-    return nb
-
-
-def never_returns(pid_file: Path) -> nbformat.NotebookNode:
-    return notebook(f"import os\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))",
-                    "import time  # this cell never returns\nwhile True:\n    time.sleep(0.2)",
-                    "print('unreachable')")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
-
-
-def wait_dead(pid: int, seconds: float = 5.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if not alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_cell_that_never_returns_is_stopped_with_its_kernel_and_named(tmp_path):
@@ -140,47 +110,6 @@ def test_execute_notebooks_reports_a_hang_with_its_cell(tmp_path):
     assert nbformat.read(path, as_version=4).cells[0].outputs == []  # left unchanged
 
 
-def test_clean_install_retries_a_hang_once_and_warns_when_the_retry_passes(tmp_path, capsys):
-    import clean_install
-
-    folder = tmp_path / "nbs"
-    folder.mkdir()
-    marker = tmp_path / "hung-once"
-    flaky = notebook("x = 1", f"import os, time\nif not os.path.exists({str(marker)!r}):\n"
-                              f"    open({str(marker)!r}, 'w').close()\n    time.sleep(3600)")
-    nbformat.write(flaky, folder / "flaky.ipynb")
-    assert clean_install.run_all(folder, Path(sys.executable), dict(os.environ), limit_s=NBVAL_LIMIT_S) == 0
-    out = capsys.readouterr().out
-    assert "flaky.ipynb: killed after" in out and "at cell 1 (`import os, time`); retrying once" in out
-    assert "WARNING (retried):" in out and "flaky.ipynb hung once at cell 1 (`import os, time`); its retry passed" in out
-
-    nbformat.write(never_returns(tmp_path / "pid"), folder / "flaky.ipynb")
-    assert clean_install.run_all(folder, Path(sys.executable), dict(os.environ), limit_s=NBVAL_LIMIT_S) == 1
-    assert "flaky.ipynb hung twice" in capsys.readouterr().out
-
-
-def test_clean_install_fails_a_notebook_with_an_error_cell(tmp_path, capsys):
-    import clean_install
-
-    folder = tmp_path / "nbs"
-    folder.mkdir()
-    nbformat.write(notebook("x = 1", "raise ValueError('broken on a clean install')"), folder / "broken.ipynb")
-    assert clean_install.run_all(folder, Path(sys.executable), dict(os.environ), limit_s=NBVAL_LIMIT_S * 2) == 1
-    out = capsys.readouterr().out
-    assert "FAIL" in out and "broken on a clean install" in out
-
-
-def test_nbval_runner_names_the_hung_cell(tmp_path):
-    import run_nbval
-
-    path = tmp_path / "never.ipynb"
-    nbformat.write(never_returns(tmp_path / "pid"), path)
-    run, warning = run_nbval.nbval_notebook(path, limit_s=NBVAL_LIMIT_S, log=lambda _: None)
-    assert run.run.timed_out and not run.ok
-    assert run.hung_at == "cell 1 (`import time  # this cell never returns`)"
-    assert warning.startswith(f"{path} hung twice")
-
-
 def test_the_book_executor_turns_a_hang_into_a_named_timeout(tmp_path, monkeypatch):
     from servelab_book import NOTEBOOK_LIMIT_ENV, execute_with_deadline
 
@@ -222,31 +151,6 @@ def test_a_book_whose_notebook_hangs_fails_its_build_naming_the_notebook(tmp_pat
     assert "stuck.ipynb" in output and "CellTimeoutError" in output
     assert "hung at cell 2 (`import time  # this cell never returns`)" in output
     assert time.monotonic() - start < LIMIT_S + 240
-
-
-def test_nbval_runner_retries_a_kernel_that_never_started(tmp_path, monkeypatch):
-    """CI's first kernel of a fresh clone once took over nbval's 60 s to answer: that notebook is run
-    again (and the retry's result is the notebook's), and a notebook that fails for a real reason is not."""
-    import run_nbval
-
-    path = tmp_path / "nb.ipynb"
-    calls = []
-    replies = iter([nbrun.CommandRun(1, 'RuntimeError("Kernel didn\'t respond in 180 seconds")', 61.0, False),
-                    nbrun.CommandRun(0, "== 3 passed in 4.0s ==", 5.0, False)])
-
-    def once(notebook, env, limit_s, where):
-        calls.append(notebook)
-        return run_nbval.NbvalRun(notebook, next(replies), "")
-
-    monkeypatch.setattr(run_nbval, "nbval_once", once)
-    run, warning = run_nbval.nbval_notebook(path, log=lambda _: None)
-    assert run.ok and len(calls) == 2
-    assert "kernel did not start the first time; the retry passed" in warning
-
-    calls.clear()
-    replies = iter([nbrun.CommandRun(1, "AssertionError: 3 != 4", 5.0, False)])
-    run, warning = run_nbval.nbval_notebook(path, log=lambda _: None)
-    assert not run.ok and len(calls) == 1 and warning == ""
 
 
 def test_the_book_build_runs_two_notebooks_at_once_and_pages_get_their_own_outputs(tmp_path):

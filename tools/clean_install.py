@@ -15,6 +15,9 @@
    Each notebook runs in a process of its own under a hard limit, two at a time
    (``tools/run_nbval.py``): one that hangs is killed with its kernel, named with the cell it was
    running, and retried once. A retry that passes still prints a warning naming that cell.
+4. The notebooks run under the CPU variant (``tools/cpu_variant.py``): torch's other kernel family and
+   two threads, where the committed outputs were executed natively with one. The same pass that checks
+   the student's install checks that no checked output depends on the CPU.
 
 The package's declared dependencies are installed at the versions ``requirements.txt`` pins (pip's
 ``-c``: a constraint pins a version, it adds no package), so a checked output is compared against the
@@ -38,6 +41,7 @@ import tempfile
 from pathlib import Path
 
 import nbformat
+from cpu_variant import check_forced, cpu_variant
 from run_nbval import NOTEBOOK_LIMIT_S, Interpreter, run_nbval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
         env["JUPYTER_PATH"] = str(base / "venv" / "share" / "jupyter")  # its kernel before any other
         check_wheel_import(python, base, env)
+        variant, overrides = cpu_variant()
+        env.update(overrides)
+        check_forced(env, python)
+        print(f"== notebooks under the CPU variant: {variant} ({' '.join(f'{k}={v}' for k, v in overrides.items())})",
+              flush=True)
         return run_all(base / "notebooks", python, env)
     finally:
         if not args.keep:
