@@ -171,3 +171,21 @@ def test_the_book_build_runs_two_notebooks_at_once_and_pages_get_their_own_outpu
     for name, other in (("first", "second"), ("second", "first")):
         page = (book / "_build" / "html" / f"{name}.html").read_text()
         assert f"output of {name}" in page and f"output of {other}" not in page
+
+
+def test_the_book_build_fails_a_checked_output_that_differs_from_the_committed_one(tmp_path):
+    """A fresh run's checked cells must print what the notebook was committed with: the cell that does
+    is accepted, the one whose saved output is stale fails the build, named with the field it differs in."""
+    nb = notebook("print(6 * 7)", "print(6 * 8)", "print('not checked')")
+    for cell, saved in zip(nb.cells, ("42\n", "47\n", "anything\n")):
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=saved)]
+    for cell in nb.cells[:2]:
+        cell.metadata["tags"] = ["nbval-check-output"]
+    book = _tiny_book(tmp_path, {"stale": nb})
+    done = subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", str(book), "-W", "-n",
+                           "--keep-going"], capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-3000:]
+    assert "1 checked output(s) differ from the committed ones" in output
+    assert "cell 1 (`print(6 * 8)`): stdout was '47\\n', now '48\\n'" in output
+    assert "cell 0 (" not in output and "cell 2 (" not in output

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import nbformat
 
-from servelab.nbrun import CommandRun, run_command
+from servelab.nbrun import CommandRun, run_command, slowest_first
 from servelab.prose import count
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,15 +72,6 @@ def running_cell(notebook: Path, output: str) -> str:
     return f"cell {index} (`{lines[0][:120] if lines else ''}`)"
 
 
-REAL_MODEL = "smollm2"
-
-
-def expected_cost(notebook: Path) -> tuple[bool, int]:
-    """A sort key for how long a notebook runs: one that loads the real model first, then by code size."""
-    text = notebook.read_text(encoding="utf-8")
-    return REAL_MODEL in text.lower(), len(text)
-
-
 @dataclass(frozen=True)
 class Interpreter:
     """Where nbval runs: the Python whose pytest, nbval and kernel are used, and the folder pytest
@@ -126,7 +117,7 @@ def run_nbval(notebooks: list[Path], env: dict[str, str] | None = None, jobs: in
     failed, warnings = 0, []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(nbval_notebook, nb, env, limit_s, log, where)
-                   for nb in sorted(notebooks, key=expected_cost, reverse=True)]
+                   for nb in slowest_first(notebooks)]
         for future in as_completed(futures):  # each line as its notebook ends
             run, warning = future.result()
             status = "ok" if run.ok else ("HUNG" if run.run.timed_out else "FAIL")

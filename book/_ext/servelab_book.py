@@ -14,10 +14,10 @@
 5. Each script is emitted once per page (sphinx-thebe's set-up script is otherwise doubled).
 6. ``SERVELAB_SOLUTIONS=0`` in the environment builds the book without exercise solutions
    (sphinx-exercise's ``hide_solutions``); ``make book SOLUTIONS=0`` sets it.
-8. Every chapter page that has a notebook of the same name (``book/<slug>.md`` and
+7. Every chapter page that has a notebook of the same name (``book/<slug>.md`` and
    ``notebooks/<slug>.ipynb``) gets an "Open in Colab" link to that notebook under its title, made
    from the one repository URL and branch in ``_config.yml`` (the same ones the launch buttons use).
-7. MathJax is served by the book itself too: MathJax 3's ``tex-chtml.js`` with the components it loads
+8. MathJax is served by the book itself too: MathJax 3's ``tex-chtml.js`` with the components it loads
    on demand (TeX extensions, CommonHTML fonts, the menu) is copied from the PyPI package
    ``django-static-mathjax`` into ``_static/mathjax`` (``mathjax_path`` in ``_config.yml`` points
    there), so formulas render with no network.
@@ -27,13 +27,17 @@
    fails with a warning naming the notebook and the cell it was running. The notebooks a build will
    execute are started before Sphinx reads the first page, two at a time on a machine with two cores
    or more (``SERVELAB_BOOK_JOBS``; :func:`prefetch_notebooks`): each page then waits only for its own.
+   A fresh run's checked cells (tag ``nbval-check-output``) must print what the notebook was
+   committed with, compared by nbval's rules (:func:`checked_output_differences`; figures and live
+   controls aside, which the book renders differently): the clean install checks them whole under
+   the other CPU kernel family, the book under this CPU's own.
 10. ``{servelab-questions} SET`` blocks (the §9 page) are replaced, before MyST reads the page, by
    the question bank's set ``SET`` under a heading per tier
    (:func:`servelab.questions.render.expand_question_sets`).
-8. The chapters count from 0 (the state machine is chapter 0): Sphinx numbers a toctree from 1, so
+11. The chapters count from 0 (the state machine is chapter 0): Sphinx numbers a toctree from 1, so
    after it has assigned section numbers every number's first component is lowered by one. Only the
    "Chapters" part of ``_toc.yml`` is numbered, so every numbered page is a chapter page.
-10. The architecture page's chapter -> module map and engine reading order are generated
+12. The architecture page's chapter -> module map and engine reading order are generated
     (:func:`servelab.course_map.with_course_map`): each marker line becomes a table read from the
     chapter notebooks' imports and the engine's files, linked to the source on GitHub at the branch in
     ``_config.yml``. The page is read again whenever a notebook changes.
@@ -304,14 +308,71 @@ def execute_with_deadline(nb, cwd, timeout, allow_errors, meta_override=True, **
     timeout, allow_errors = _overridden(nb, timeout, allow_errors, meta_override)
     started = PREFETCHED.pop((str(Path(cwd).resolve()), code_digest(nb), timeout, allow_errors), None)
     run = started.result() if started else _run_with_deadline(nb, cwd, timeout, allow_errors)
+    differences = checked_output_differences(nb, run.notebook) if run.ok else []
     if run.notebook is not None:
         nb["cells"], nb["metadata"] = run.notebook.cells, run.notebook.metadata
+    if differences:
+        text = (f"{len(differences)} checked output(s) differ from the committed ones (re-run "
+                f"tools/execute_notebooks.py on it if the change is meant): " + "; ".join(differences))
+        return ExecutionResult(nb, cwd, run.seconds, CellExecutionError(text, "error", text), text)
     if run.ok:
         return ExecutionResult(nb, cwd, run.seconds)
     where = f"cell {run.cell} (`{run.cell_line}`)" if run.cell is not None else "before its first cell"
     text = f"{'hung' if run.timed_out else 'failed'} at {where}: {run.error}"
     err = CellTimeoutError(text) if run.timed_out else CellExecutionError(text, "error", run.error or "")
     return ExecutionResult(nb, cwd, run.seconds, err, text)
+
+
+CHECK_TAG = "nbval-check-output"
+SANITIZE = Path(__file__).resolve().parents[2] / "notebooks" / "sanitize.cfg"
+NOT_COMPARED = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
+                "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
+"""The output fields nbval leaves out of a comparison (its defaults without nbdime)."""
+RICH = ("text/html", "application/vnd.jupyter.widget-view+json")
+"""Outputs with these are figures or live controls, which the book build renders differently on
+purpose (:func:`servelab.viz.core.in_book_build`); the book compares what a checked cell prints."""
+
+
+def _compared(outputs: list, patterns: list[tuple[str, str]]) -> dict[str, list]:
+    """What a cell prints, as nbval compares it: streams merged by name, each field (and each mime
+    type of ``data``) a list of values, strings passed through the sanitizers; figures and widgets
+    (:data:`RICH`) left out."""
+    import copy
+
+    from nbval.plugin import coalesce_streams, transform_streams_for_comparison
+
+    printed = [o for o in copy.deepcopy(outputs) if not any(k in o.get("data", {}) for k in RICH)]
+    fields: dict[str, list] = {}
+    for output in transform_streams_for_comparison(coalesce_streams(printed)):
+        items = [(k, v) for key, value in output.items() if key not in NOT_COMPARED
+                 for k, v in (value.items() if key == "data" else [(key, value)])]
+        for key, value in items:
+            if key not in NOT_COMPARED:
+                for regex, replace in patterns if isinstance(value, str) else []:
+                    value = re.sub(regex, replace, value)
+                fields.setdefault(key, []).append(value)
+    return fields
+
+
+def checked_output_differences(saved, executed) -> list[str]:
+    """``cell K (`first line`): field`` for each checked cell whose fresh outputs (``executed``) differ
+    from the committed ones (``saved``), compared by nbval's rules and ``notebooks/sanitize.cfg``."""
+    from nbval.plugin import get_sanitize_patterns
+
+    patterns = get_sanitize_patterns(SANITIZE.read_text())
+    saved_code = [c for c in saved.cells if c.cell_type == "code"]
+    fresh_code = [c for c in executed.cells if c.cell_type == "code"]
+    found = []
+    for index, (old, new) in enumerate(zip(saved_code, fresh_code)):
+        if CHECK_TAG not in old.metadata.get("tags", []):
+            continue
+        want, got = _compared(old.get("outputs", []), patterns), _compared(new.get("outputs", []), patterns)
+        if want != got:
+            field = next((k for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)), "")
+            first = next((line.strip() for line in old.source.splitlines() if line.strip()), "")[:80]
+            was, now = ("".join(map(str, fields.get(field, [])))[:160] for fields in (want, got))
+            found.append(f"cell {index} (`{first}`): {field} was {was!r}, now {now!r}")
+    return found
 
 
 BOOK_JOBS_ENV = "SERVELAB_BOOK_JOBS"
@@ -347,8 +408,8 @@ def _needs_execution(app: Sphinx, nb) -> bool:
 
 def prefetch_notebooks(app: Sphinx, env: BuildEnvironment, docnames: list[str]) -> None:
     """Start every notebook that is about to be read and executed, ``SERVELAB_BOOK_JOBS`` at a time
-    (default: one per core, at most 2), in Sphinx's reading order, so that a page waits only for its
-    own notebook while the next one runs beside it. Each run keeps its own hard limit."""
+    (default: one per core, at most 2), the slowest first (:func:`servelab.nbrun.slowest_first`), so
+    that the last to end is a short one. Each run keeps its own hard limit."""
     import nbformat
     from concurrent.futures import ThreadPoolExecutor
 
@@ -356,11 +417,11 @@ def prefetch_notebooks(app: Sphinx, env: BuildEnvironment, docnames: list[str]) 
     config = env.mystnb_config
     if jobs < 2 or config.execution_in_temp:
         return
+    from servelab.nbrun import slowest_first
+
     pool = None
-    for docname in sorted(docnames):
-        path = Path(env.doc2path(docname))
-        if path.suffix != ".ipynb":
-            continue
+    notebooks = [Path(env.doc2path(docname)) for docname in docnames]
+    for path in slowest_first([path for path in notebooks if path.suffix == ".ipynb"]):
         nb = nbformat.read(path, as_version=4)
         if not _needs_execution(app, nb):
             continue

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CommandRun", "NotebookRun", "kill_tree", "run_command", "run_notebook"]
+__all__ = ["CommandRun", "NotebookRun", "kill_tree", "run_command", "run_notebook", "slowest_first"]
 
 # --------------------------------------------------------------------------------------------------
 # A process tree under a deadline
@@ -196,6 +196,18 @@ def run_notebook(notebook: Path | object, *, limit_s: float, cwd: Path, name: st
     else:
         error, cell, line = None, None, ""
     return NotebookRun(name, done.seconds, done.timed_out, error, cell, line, executed)
+
+
+REAL_MODEL = "smollm2"
+
+
+def slowest_first(notebooks: list[Path]) -> list[Path]:
+    """``notebooks`` in the order to start them when a few run at a time, so the runners end together:
+    those that load the real model first, then by file size (a guess at how long each one runs)."""
+    def expected_cost(path: Path) -> tuple[bool, int]:
+        text = path.read_text(encoding="utf-8")
+        return REAL_MODEL in text.lower(), len(text)
+    return sorted(notebooks, key=expected_cost, reverse=True)
 
 
 def _read_json(path: Path) -> dict:
