@@ -7,7 +7,7 @@ releases it. Small random-weight models (the fixtures of test_engine) keep it fa
 import pytest
 
 from servelab.engine import EngineConfig, LLMEngine
-from servelab.engine.admission_study import compare_reservation_policies
+from servelab.bench.admission_study import compare_reservation_policies
 from servelab.engine.scheduler import RESERVATION_POLICIES, ReservationPolicy
 from servelab.lifecycle import RequestState
 from servelab.sampling import SamplingParams

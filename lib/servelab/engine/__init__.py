@@ -20,8 +20,9 @@ Module map (one concept each, in the order a request meets them):
 * :mod:`~servelab.engine.engine` -- :class:`LLMEngine`: ``step`` as schedule -> prepare inputs -> forward
   -> sample -> process outputs;
 * :mod:`~servelab.engine.reference` -- the plain full-recompute loop the tests compare against;
-* :mod:`~servelab.engine.trace` -- per-step records; :mod:`~servelab.engine.bench` -- the benchmark;
-  :mod:`~servelab.engine.admission_study` -- both admission rules measured on one workload.
+* :mod:`~servelab.engine.trace` -- per-step records (when ``EngineConfig.trace_steps`` asks for them).
+
+The benchmark, the GPU check and the admission study measure the engine from outside: :mod:`servelab.bench`.
 """
 
 from servelab.engine.config import EngineConfig
