@@ -32,7 +32,9 @@ from servelab.engine.config import EngineConfig
 from servelab.engine.control import EngineControls, EngineStats
 from servelab.engine import logprobs, structured
 from servelab.engine.model_runner import ForwardInput, ModelRunner
+from servelab.engine.parallel_sampling import fork_finished_prompts
 from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, EngineRequest, lifecycle_state
+from servelab.engine.reservation import reservation_policy
 from servelab.engine.sampler import SamplingRow, sample_tokens
 from servelab.engine.scheduler import Scheduler, SchedulerOutput
 from servelab.engine.sequence import (RequestOutput, SampleOutput, Sequence, StepOutputs, accept_token,
@@ -62,7 +64,8 @@ class LLMEngine(EngineControls):
         self.allocator = BlockAllocator(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                         cache_on_compute=True)
         self.slots = SlotPool(config.max_num_seqs)
-        self.scheduler = Scheduler(config, self.allocator, self.runner, self.slots, self.max_model_len)
+        reservation = reservation_policy(config.reservation_policy, config.block_size, self.max_model_len)
+        self.scheduler = Scheduler(config, self.allocator, self.runner, self.slots, reservation, self.runner.host_swap)
         self.validator = RequestValidator(tokenizer, model.config.vocab_size, self.max_model_len, config,
                                           self.runner.num_blocks, self.scheduler.reservation)
         self.ledger = Ledger(max_records=config.ledger_size)
@@ -113,7 +116,11 @@ class LLMEngine(EngineControls):
         for chunk in sched.chunks:  # the KV of every chunk is now in the pool
             self.scheduler.commit(chunk)
         logits, score_logits = logits[:len(batch.sample_indices)], logits[len(batch.sample_indices):]
-        picks = self._fork_finished_prompts([c.seq for c in sched.chunks if c.emits_token])
+        sampled = [c.seq for c in sched.chunks if c.emits_token]
+        if any(seq.samples_to_fork for seq in sampled):  # n > 1: a prompt just computed forks into n samples
+            picks = fork_finished_prompts(self.scheduler, sampled)
+        else:
+            picks = [(seq, row) for row, seq in enumerate(sampled)]  # (sample, its row of the logits)
         try:
             if batch.score_rows:
                 logprobs.score_prompts(batch.score_rows, score_logits)
@@ -166,26 +173,6 @@ class LLMEngine(EngineControls):
             elif reason is not None:
                 stops[request].append((seq, reason))
         return [self._finish_stopped(r, stops[r], failures.get(r)) for r in stops]
-
-    def _fork_finished_prompts(self, sampled: list[Sequence]) -> list[tuple[Sequence, int]]:
-        """Fork each request whose prompt just got computed into its ``n`` samples.
-
-        Returns the samples to draw a token for, each with the logits row it draws from: a forked
-        request's samples all read the row of its last prompt position.
-        """
-        picks: list[tuple[Sequence, int]] = []
-        for row, seq in enumerate(sampled):
-            request = seq.request
-            if len(request.seqs) > 1 and not request.forked:
-                siblings = request.seqs[1:]
-                self.scheduler.fork(seq, siblings)
-                for sibling in siblings:
-                    sibling.times.first_scheduled = seq.times.first_scheduled
-                request.forked = True
-                picks += [(s, row) for s in request.seqs]
-            else:
-                picks.append((seq, row))
-        return picks
 
     def _finish_stopped(self, request: EngineRequest, stops: list[tuple[Sequence, str]],
                   failure: str | None) -> RequestOutput:

@@ -9,8 +9,8 @@ tokens from many sequences (prefill chunks and decode tokens mixed, :class:`Forw
 block table and attends causally. Only the positions whose next token is sampled go through the LM head.
 
 System boundary: token ids and block tables in, float32 logits ``[sampled_rows, vocab]`` out (any device).
-Which blocks a sequence owns is the allocator's decision; :class:`ModelRunner` also moves the pool's
-bytes for the scheduler (copy-on-write; swap through :mod:`servelab.engine.swap`).
+Which blocks a sequence owns is the allocator's decision; :class:`ModelRunner` also copies the pool's
+blocks for the scheduler (copy-on-write) and holds its host swap space (:mod:`servelab.engine.swap`).
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ class ModelRunner:
                              cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
         self.backend = PagedAttention(self.cache)
         swap_blocks = config.swap_space_bytes // self.bytes_per_block
-        self.host_swap = HostSwapSpace(swap_blocks) if swap_blocks else None  # used only when swapping
+        self.host_swap = HostSwapSpace(swap_blocks, self.cache) if swap_blocks else None  # used only when swapping
 
     @torch.inference_mode()
     def execute(self, batch: ForwardInput) -> torch.Tensor:
@@ -300,21 +300,6 @@ class ModelRunner:
             hidden = hidden[torch.tensor(rows, device=self.device, dtype=torch.long)]
         return self.model.lm_head(hidden).float()
 
-    # ------------------------------------------------------------------------------- KVMover
-
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write: physical block ``src`` -> ``dst`` in every layer."""
+        """The scheduler's ``KVMover``: copy-on-write, physical block ``src`` -> ``dst`` in every layer."""
         self.cache.copy_blocks(pairs)
-
-    def swap_out(self, seq_id: str, blocks: list[int]) -> bool:
-        """Copy ``blocks`` (its computed KV, in table order) to host memory; False (nothing copied) when
-        there is no host swap space or it is full."""
-        return self.host_swap is not None and self.host_swap.store(seq_id, self.cache, blocks)
-
-    def swap_in(self, seq_id: str, blocks: list[int]) -> None:
-        """Write the host copy of ``seq_id`` into ``blocks`` (fresh blocks, same order) and free it."""
-        self.host_swap.restore(seq_id, self.cache, blocks)
-
-    def drop_swapped(self, seq_id: str) -> int:
-        """Free the host copy of ``seq_id``, if any (a swapped sequence that ends); returns its blocks."""
-        return 0 if self.host_swap is None else self.host_swap.release(seq_id)

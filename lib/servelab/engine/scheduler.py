@@ -9,19 +9,22 @@ admissions in policy order, skipped once anything was preempted or is still swap
 finds no free block preempts the lowest-ranked running sequence (recompute: drop its KV; swap: copy it
 to host memory). A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and keeps what it holds.
 
+Swapping is in :mod:`~servelab.engine.swap`, the up-front rule in :mod:`~servelab.engine.reservation`, the
+fork of ``n > 1`` samples in :mod:`~servelab.engine.parallel_sampling`: none of them runs in a default step.
+
 System boundary: the scheduler moves block ids and sequences; bytes move through the :class:`KVMover` it
-is given (copy-on-write, swap), always before the blocks involved can be reused. Time is counted in
-ticks (one per :meth:`Scheduler.schedule`), tokens and blocks as named.
+is given (copy-on-write) and the host swap space, always before the blocks involved can be reused. Time
+is counted in ticks (one per :meth:`Scheduler.schedule`), tokens and blocks as named.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
-from servelab.engine.config import RESERVATION_POLICIES, EngineConfig
+from servelab.engine.config import EngineConfig
 from servelab.engine.sequence import Sequence, SeqStatus
-from servelab.engine.swap import swap_in
+from servelab.engine.swap import HostSwapSpace, swap_in, swap_out
 from servelab.kv.allocator import BlockAllocator, BlockCopy, OutOfBlocks
 from servelab.kv.arithmetic import blocks_for
 from servelab.lifecycle import SlotPool
@@ -29,53 +32,35 @@ from servelab.queue_policy import rank_waiting, running_key
 
 
 class KVMover(Protocol):
-    """Moves KV bytes between physical blocks and host memory (implemented by the model runner)."""
+    """Copies KV bytes between physical blocks (implemented by the model runner)."""
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None: ...  # physical block src -> dst, now
-    def swap_out(self, seq_id: str, blocks: list[int]) -> bool: ...  # False: host space full, nothing copied
-    def swap_in(self, seq_id: str, blocks: list[int]) -> None: ...  # host copy -> blocks, host space freed
-    def drop_swapped(self, seq_id: str) -> int: ...  # host copy freed; returns its blocks
 
 
 @dataclass(frozen=True)
 class ReservationPolicy:
     """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised.
 
-    ``"on-demand"`` (the default, as vLLM) reserves the uncached prompt blocks; the output grows block by
-    block and a decode that finds the pool empty preempts. ``"up-front"`` (as TGI) also reserves the
-    blocks of ``max_tokens`` more tokens per sample (plus a copy-on-write block each when ``n > 1``
-    shares a partial tail), so a running request is never preempted. Two phases: :meth:`admit`
-    reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of it, and
-    :meth:`keep_output_promise` leaves exactly the output's promise reserved. Units: blocks of
-    ``block_size`` token slots; ``max_model_len`` in tokens (None: no cap).
+    This class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output
+    grows block by block and a decode that finds the pool empty preempts. The other rule, ``"up-front"``,
+    is :class:`~servelab.engine.reservation.UpFrontReservation`. Two phases: :meth:`admit` reserves the
+    whole promise, ``allocate_prompt`` takes the prompt blocks out of it, and :meth:`keep_output_promise`
+    leaves exactly the output's promise reserved. Units: blocks of ``block_size`` token slots;
+    ``max_model_len`` in tokens (None: no cap).
     """
 
-    name: str
     block_size: int
     max_model_len: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.name not in RESERVATION_POLICIES:
-            raise ValueError(f"reservation_policy must be one of {RESERVATION_POLICIES}, got {self.name!r}")
-
-    @property
-    def preempts(self) -> bool:
-        """Whether running requests may be preempted for KV (only under on-demand growth)."""
-        return self.name == "on-demand"
+    name: ClassVar[str] = "on-demand"
+    preempts: ClassVar[bool] = True  # running requests may be preempted for KV
 
     def output_blocks(self, num_tokens: int, remaining_tokens: int, samples: int) -> int:
-        """Blocks promised for the output beyond those of the ``num_tokens`` already there (0 on demand)."""
-        if self.preempts:
-            return 0
-        final = self._capped(num_tokens + remaining_tokens)
-        cow = 1 if samples > 1 and num_tokens % self.block_size else 0
-        return samples * (blocks_for(final, self.block_size) - blocks_for(num_tokens, self.block_size) + cow)
+        """Blocks promised for the output beyond those of the ``num_tokens`` already there: none."""
+        return 0
 
     def worst_case_blocks(self, prompt_tokens: int, max_tokens: int, samples: int) -> int:
         """Most blocks one request may hold or be promised at once (more than the pool: it never runs)."""
-        if self.preempts:
-            return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
-        return blocks_for(prompt_tokens, self.block_size) + self.output_blocks(prompt_tokens, max_tokens, samples)
+        return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
 
     def admit(self, allocator: BlockAllocator, seq: Sequence) -> bool:
         """Phase 1: reserve the uncached prompt blocks plus the output promise; False (nothing reserved)
@@ -88,14 +73,6 @@ class ReservationPolicy:
         """Phase 2, once the prompt blocks are allocated: keep reserved exactly the output's promise."""
         allocator.release_reservation(seq.seq_id)
         allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots))
-
-    def split_at_fork(self, allocator: BlockAllocator, parent: Sequence, children: list[Sequence]) -> None:
-        """Parallel sampling: the parent's promise (made for all ``n`` samples) is shared out evenly."""
-        total = allocator.release_reservation(parent.seq_id)
-        share = total // (1 + len(children))
-        for child in children:
-            allocator.reserve(child.seq_id, share)
-        allocator.reserve(parent.seq_id, total - share * len(children))
 
     def _capped(self, tokens: int) -> int:
         return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
@@ -157,11 +134,12 @@ class Scheduler:
     """
 
     def __init__(self, config: EngineConfig, allocator: BlockAllocator, mover: KVMover, slots: SlotPool,
-                 max_model_len: int | None = None) -> None:
+                 reservation: ReservationPolicy, swap_space: HostSwapSpace | None = None) -> None:
         self.config = config
-        self.reservation = ReservationPolicy(config.reservation_policy, config.block_size, max_model_len)
+        self.reservation = reservation
         self.allocator = allocator
         self.mover = mover
+        self.swap_space = swap_space  # where preemption by swap puts KV (None: no host swap space)
         self.slots = slots  # batch slots: one per sequence holding device KV (max_num_seqs)
         self.key = running_key(config.policy)  # smaller runs first, is preempted last
         self.waiting: list[Sequence] = []
@@ -186,7 +164,7 @@ class Scheduler:
                  SeqStatus.SWAPPED: self.swapped}[seq.status]
         if seq in queue:  # a sibling that never forked was in no queue
             queue.remove(seq)
-        swap = self.mover.drop_swapped(seq.seq_id) if seq.status is SeqStatus.SWAPPED else 0
+        swap = self.swap_space.release(seq.seq_id) if seq.status is SeqStatus.SWAPPED else 0
         seq.status = SeqStatus.FINISHED
         reservation = self.allocator.release_reservation(seq.seq_id)
         return Released(self.allocator.free(seq.seq_id), reservation, self.slots.release(seq.seq_id), swap)
@@ -212,23 +190,6 @@ class Scheduler:
             seq.waited = self.ticks - seq.queued_tick
         self.waiting = rank_waiting(self.config.policy, self.waiting, self.served, self.config.aging_rate)
         return self.waiting
-
-    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
-        """Split ``parent``, whose prompt is computed, into itself plus ``children`` (parallel sampling):
-        each child shares every block of the parent (``BlockAllocator.fork``; a write into the shared
-        partial tail is copied on write), takes its progress, one of its batch slots and a running place."""
-        self.slots.release(parent.seq_id)  # the parent held 1 + len(children) slots since admission
-        for seq in (parent, *children):
-            self.slots.acquire(seq.seq_id)
-        for child in children:
-            self.allocator.fork(parent.seq_id, child.seq_id)
-            child.num_computed = parent.num_computed
-            child.cached_prompt_tokens = parent.cached_prompt_tokens
-            child.paused = parent.paused
-            child.status = SeqStatus.RUNNING
-            self.running.append(child)
-        self.reservation.split_at_fork(self.allocator, parent, children)
-        parent.samples_to_fork = 0
 
     def commit(self, chunk: ScheduledChunk) -> None:
         """The forward pass computed ``chunk``: advance ``num_computed``, let the allocator offer the blocks
@@ -293,18 +254,13 @@ class Scheduler:
         otherwise drop it (recompute later)."""
         self.running.remove(seq)
         self.slots.release(seq.seq_id)
-        swapped = (self.config.preemption_mode == "swap" and seq.num_computed > 0 and self.mover.swap_out(
-            seq.seq_id, self.allocator.block_table(seq.seq_id)[:blocks_for(seq.num_computed, self.config.block_size)]))
+        if self.config.preemption_mode == "swap" and swap_out(self, seq, out):
+            return
         self.allocator.free(seq.seq_id)
-        if swapped:
-            seq.status = SeqStatus.SWAPPED
-            self.swapped.append(seq)
-            out.swapped_out.append(seq.seq_id)
-        else:
-            seq.num_computed = 0
-            seq.status = SeqStatus.WAITING
-            self.waiting.append(seq)
-            out.preempted.append(seq.seq_id)
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+        out.preempted.append(seq.seq_id)
 
     # ------------------------------------------------------------------------------- admission
 
