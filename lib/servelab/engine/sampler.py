@@ -11,8 +11,10 @@ request's ``torch.Generator``, so a seeded request's tokens do not depend on whi
 the batch. Greedy rows draw nothing: their token never depends on a uniform. The probability maths runs
 in float64 so that support sets match the numpy reference.
 
-The truncation filters themselves (top-k, top-p, min-p, typical) are in :mod:`servelab.engine.truncation`,
-log-probabilities in :mod:`servelab.engine.logprobs`: neither runs unless a request asks for it.
+The hard constraints and penalties are in :mod:`servelab.engine.logits_processors`, the grammar mask in
+:mod:`servelab.engine.structured`, the truncation filters (top-k, top-p, min-p, typical) in
+:mod:`servelab.engine.truncation`, log-probabilities in :mod:`servelab.engine.logprobs`: none of them
+runs unless a request in the batch asks for it.
 
 System boundary: logits ``[rows, vocab]`` in (any device), one token id per row out. Which rows exist and
 what they have generated so far is the engine's business.
@@ -25,8 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.sampling.params import SamplingParams
+from servelab.engine import structured
+from servelab.engine.logits_processors import process_logits, uses_processors
 from servelab.engine.truncation import FILTERS
+from servelab.sampling.params import SamplingParams
 
 
 @dataclass
@@ -57,9 +61,7 @@ def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int
 
 def _plain_greedy(params: SamplingParams) -> bool:
     """Greedy with no constraint or penalty: the token is the argmax of the raw logits."""
-    return (params.temperature == 0 and params.allowed_token_ids is None and not params.banned_sequences
-            and not params.no_repeat_ngram_size and not params.logit_bias and not params.frequency_penalty
-            and not params.presence_penalty and params.repetition_penalty == 1.0)
+    return params.temperature == 0 and not uses_processors(params)
 
 
 def next_token_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple[torch.Tensor, set[int]]:
@@ -68,9 +70,9 @@ def next_token_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits must be [len(rows), vocab], got shape {tuple(logits.shape)}")
     z = logits.to(torch.float64, copy=True)
-    dead = _apply_hard_constraints(z, rows)
-    z = _apply_penalties(z, rows)
-    dead |= _apply_grammar_masks(z, rows)
+    dead = process_logits(z, rows) if any(uses_processors(r.params) for r in rows) else set()
+    if any(r.grammar_mask is not None for r in rows):
+        dead |= structured.mask_logits(z, rows)
     temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float64, device=z.device)
     greedy = temps == 0
     probs = torch.softmax(z / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
@@ -89,79 +91,6 @@ def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     ids = torch.arange(probs.shape[-1], device=probs.device)
     last_eligible = torch.where(probs > 0, ids, -1).max(dim=-1).values
     return torch.minimum(index, last_eligible)
-
-
-# ----------------------------------------------------------------------------------------------- stage 1
-
-
-def _apply_hard_constraints(z: torch.Tensor, rows: Sequence[SamplingRow]) -> set[int]:
-    """Mask and bias ``z`` in place; rows left with no finite logit are reset to 0 and returned."""
-    dead = set()
-    for i, row in enumerate(rows):
-        p = row.params
-        if p.allowed_token_ids is not None:
-            keep = torch.zeros(z.shape[-1], dtype=torch.bool, device=z.device)
-            keep[list(p.allowed_token_ids)] = True
-            z[i, ~keep] = -torch.inf
-        banned = _banned_next_tokens(p, list(row.output_ids))
-        if banned:
-            z[i, banned] = -torch.inf
-        for token, offset in p.logit_bias:
-            z[i, token] += offset
-        if not torch.isfinite(z[i]).any():
-            dead.add(i)
-            z[i] = 0.0
-    return dead
-
-
-def _banned_next_tokens(params: SamplingParams, history: list[int]) -> list[int]:
-    """Tokens that would complete a banned sequence or repeat an n-gram of the generated ids."""
-    banned = []
-    for sequence in params.banned_sequences:
-        prefix = list(sequence[:-1])
-        if len(prefix) <= len(history) and history[len(history) - len(prefix):] == prefix:
-            banned.append(sequence[-1])
-    n = params.no_repeat_ngram_size
-    if n > 0 and len(history) >= n - 1:
-        context = history[len(history) - (n - 1):] if n > 1 else []
-        for start in range(len(history) - n + 1):
-            if history[start:start + n - 1] == context:
-                banned.append(history[start + n - 1])
-    return banned
-
-
-# ----------------------------------------------------------------------------------------------- stage 2
-
-
-def _apply_penalties(z: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    for i, row in enumerate(rows):
-        p = row.params
-        if p.frequency_penalty or p.presence_penalty:
-            counts = torch.zeros(z.shape[-1], dtype=torch.float64, device=z.device)
-            if row.output_ids:
-                ids = torch.tensor(list(row.output_ids), device=z.device)
-                counts.index_add_(0, ids, torch.ones(len(ids), dtype=torch.float64, device=z.device))
-            z[i] = z[i] - p.frequency_penalty * counts - p.presence_penalty * (counts > 0)
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted({*row.prompt_ids, *row.output_ids}), dtype=torch.long, device=z.device)
-            if seen.numel():
-                picked = z[i, seen]
-                z[i, seen] = torch.where(picked > 0, picked / p.repetition_penalty,
-                                         picked * p.repetition_penalty)
-    return z
-
-
-def _apply_grammar_masks(z: torch.Tensor, rows: Sequence[SamplingRow]) -> set[int]:
-    """Stage 3 (before temperature): ids a row's grammar forbids get ``-inf``; rows left with nothing
-    are reset to 0 and returned."""
-    dead = set()
-    for i, row in enumerate(rows):
-        if row.grammar_mask is not None:
-            z[i, ~row.grammar_mask.to(z.device)] = -torch.inf
-            if not torch.isfinite(z[i]).any():
-                dead.add(i)
-                z[i] = 0.0
-    return dead
 
 
 # ----------------------------------------------------------------------------------------------- stage 4
