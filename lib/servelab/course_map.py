@@ -37,7 +37,6 @@ ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("servelab.engine.sampler", ("sample_tokens",), "phase 4: one token per sample, batched"),
     ("servelab.engine.sequence", ("Sequence", "accept_token"),
      "phase 5 on the per-sample record: stop strings, finish reasons, outputs"),
-    ("servelab.engine.trace", ("StepRecord",), "the step's trace record (tracing is on by default)"),
 )
 
 

@@ -86,18 +86,15 @@ class LLMEngine(EngineControls):
         A step in which nothing happened returns an empty list and leaves no trace record.
         """
         start = self.clock()
-        record = StepRecord(step=self.num_steps, start=start) if self.config.trace_steps else None
         outputs, self._pending = self._pending, []
         outputs += self._expire_deadlines(start)
         sched = self.last_schedule = self.scheduler.schedule()
-        outputs += self._fail_unschedulable() if sched.is_empty else self._run(sched, start, record)
+        outputs += self._fail_unschedulable() if sched.is_empty else self._run(sched, start)
         if sched.is_empty and not (outputs or sched.preempted or sched.swapped_out or sched.swapped_in):
             return StepOutputs(outputs)
+        if self.config.trace_steps:  # tracing is off by default
+            self.trace.append(StepRecord.of_step(self.num_steps, start, self.clock(), sched, outputs, self))
         self.num_steps += 1
-        if record is not None:
-            finished = {o.request_id: o.finish_reason for o in outputs if o.finished}
-            record.close(sched, self.allocator, self.scheduler, finished, self.clock())
-            self.trace.append(record)
         admitted = set(sched.admitted)
         return StepOutputs(outputs, tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks
                                                         if c.seq_id in admitted)),
@@ -105,10 +102,10 @@ class LLMEngine(EngineControls):
 
     # ------------------------------------------------------------------------------------------ the phases
 
-    def _run(self, sched: SchedulerOutput, start: float, record: StepRecord | None) -> list[RequestOutput]:
+    def _run(self, sched: SchedulerOutput, start: float) -> list[RequestOutput]:
         """Phases 2-5 of a non-empty tick. A failing forward pass fails every request in the batch, a
         failing sampler every sampled one; either way through the one terminal path, nothing leaks."""
-        batch = self._prepare_inputs(sched, start, record)
+        batch = self._prepare_inputs(sched, start)
         try:
             logits = self.runner.execute(batch)
         except Exception as exc:
@@ -129,13 +126,11 @@ class LLMEngine(EngineControls):
             return self._fail([seq for seq, _ in picks], exc)
         return self._process_outputs([seq for seq, _ in picks], tokens)
 
-    def _prepare_inputs(self, sched: SchedulerOutput, start: float, record: StepRecord | None) -> ForwardInput:
-        """Phase 2: the tick's chunks as one flat batch; the trace (when on) records what each computes."""
+    def _prepare_inputs(self, sched: SchedulerOutput, start: float) -> ForwardInput:
+        """Phase 2: the tick's chunks as one flat batch."""
         rows = []
         for chunk in sched.chunks:
             seq = chunk.seq
-            if record is not None:
-                record.add_chunk(chunk, len(seq.prompt_ids))
             if seq.times.first_scheduled is None:
                 seq.times.first_scheduled = start
             rows.append((chunk, seq, self.allocator.block_table(seq.seq_id)))

@@ -3,9 +3,8 @@ prefix hits and copy-on-write.
 
 A fixed pool of ``num_blocks`` physical blocks of ``block_size`` token slots is handed out through
 per-sequence *block tables*; shared blocks carry a refcount; full blocks enter a prefix cache keyed by
-their exact token prefix. :class:`BlockPool` is what one engine step calls (``allocate_prompt`` at
-admission, ``append_tokens`` per chunk, ``mark_computed``, ``free``); ``servelab.kv.allocator.BlockAllocator``
-adds what no ordinary step calls (fork, restore after a swap, the read-only interface and ``inspect()``).
+their exact token prefix. :class:`BlockPool` is what one engine step calls; ``servelab.kv.allocator``'s
+``BlockAllocator`` adds what no default step calls (fork, restore, prefix lookup, the read-only interface).
 
 No tensors: it returns block ids and ``BlockCopy`` instructions; the engine moves the bytes and tracks
 how many tokens it has computed. Units are blocks or token slots. Arguments are checked where a table is
@@ -87,18 +86,6 @@ class BlockPool:
     first, everyone else's use the unreserved headroom. A full block enters the prefix cache once
     allocated, or with ``cache_on_compute=True`` (chunked prefill: never hit an unwritten block) once
     ``mark_computed`` reports it. Every mutating method succeeds completely or raises, changing nothing.
-
-    >>> alloc = BlockPool(num_blocks=8, block_size=4)
-    >>> alloc.reserve("a", 3)  # admission: bookkeeping only
-    True
-    >>> alloc.allocate_prompt("a", [1, 2, 3, 4, 5, 6])  # a tick picks it: 2 blocks from the reservation
-    PromptAllocation(cached_prompt_tokens=0, copies=())
-    >>> alloc.append_tokens("a", [7])  # a slot for the next token's KV; fits the tail block
-    ()
-    >>> alloc.allocate_prompt("b", [1, 2, 3, 4, 9]).cached_prompt_tokens  # first block is a prefix hit
-    4
-    >>> alloc.num_shared_blocks, alloc.num_used_blocks, alloc.num_available_blocks
-    (1, 3, 4)
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
@@ -142,16 +129,6 @@ class BlockPool:
         """Free blocks not promised to any reservation: headroom for new reservations or allocations."""
         return len(self._free) - self._total_reserved
 
-    @property
-    def num_shared_blocks(self) -> int:
-        """Blocks with refcount > 1: held by several block tables (a shared prefix or a fork)."""
-        return sum(1 for count in self._refcount if count > 1)
-
-    @property
-    def num_cached_free_blocks(self) -> int:
-        """Free blocks that still hold a registered full block (evictable prefix-cache entries)."""
-        return sum(1 for block in self._key_of if self._refcount[block] == 0)
-
     def block_table(self, seq_id: Hashable) -> list[int]:
         """Copy of the sequence's block table: entry ``i`` is the physical block of logical block ``i``."""
         return list(self._seq(seq_id).table)
@@ -179,13 +156,7 @@ class BlockPool:
         self._total_reserved -= released
         return released
 
-    # ------------------------------------------------------------------ prefix lookup
-    def lookup_prefix(self, token_ids: Sequence[int], namespace: str = "") -> int:
-        """Prompt tokens a prefix hit would supply (whole blocks, at most ``len(token_ids) - 1``: the last
-        prompt token is computed for the first sample's logits), as ``allocate_prompt`` would report."""
-        matched = self._match(token_ids, namespace)
-        return min(len(matched) * self._block_size, len(token_ids) - 1)
-
+    # ------------------------------------------------------------------ allocation
     def num_blocks_to_allocate(self, token_ids: Sequence[int], namespace: str = "") -> int:
         """Free blocks ``allocate_prompt`` needs (fresh + revived, plus a free cached copy-on-write source
         that must stay unreused until copied): a reservation of this many guarantees it succeeds."""
@@ -193,7 +164,6 @@ class BlockPool:
         held_source = plan.cow_src is not None and self._refcount[plan.cow_src] == 0
         return plan.fresh + len(plan.revived) + (1 if held_source else 0)
 
-    # ------------------------------------------------------------------ allocation
     def allocate_prompt(self, seq_id: Hashable, token_ids: Sequence[int], namespace: str = "") -> PromptAllocation:
         """Create ``seq_id``'s block table with slots for the whole prompt, sharing cached prefix blocks
         (refcount + 1, reviving free ones). ``cached_prompt_tokens`` is capped at ``len(token_ids) - 1``;
@@ -356,14 +326,10 @@ class BlockPool:
             self._free.move_to_end(block, last=False)  # holds nothing reusable: hand it out first
         return 1
 
-    def _fill(self, seq: _BlockTable, tokens: tuple[int, ...] | int) -> None:
-        """Record tokens written into already-allocated slots; register blocks that became full.
-
-        ``tokens`` is the token ids, or a bare count when the ids are unknown (restore without ids).
-        """
-        seq.num_tokens += tokens if isinstance(tokens, int) else len(tokens)
-        if seq.tail is None or isinstance(tokens, int):
-            seq.tail = None  # ids unknown: this sequence no longer feeds the cache
+    def _fill(self, seq: _BlockTable, tokens: Sequence[int]) -> None:
+        """Record tokens written into already-allocated slots; register blocks that became full."""
+        seq.num_tokens += len(tokens)
+        if seq.tail is None:  # ids unknown (restored without them): this sequence feeds no cache
             return
         pending = seq.tail + list(tokens)
         full = len(pending) // self._block_size * self._block_size
