@@ -18,7 +18,7 @@ import torch
 if TYPE_CHECKING:
     from servelab.engine.sequence import Sequence
 
-__all__ = ["TokenLogprob", "token_logprobs", "record_sampled", "score_prompts"]
+__all__ = ["TokenLogprob", "token_logprobs", "record_sampled", "score_prompts", "take_logprobs", "take_prompt_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -67,3 +67,20 @@ def score_prompts(rows: Sequence[tuple["Sequence", int]], logits: torch.Tensor) 
     for (seq, position), logprob in zip(rows, found):
         if position == len(seq.prompt_logprobs):
             seq.prompt_logprobs.append(logprob)
+
+
+def take_logprobs(seq: "Sequence") -> tuple[TokenLogprob, ...]:
+    """The logprobs of the ids released since the last output, and of a final EOS (never released)."""
+    end = len(seq.logprobs) if seq.finish_reason == "eos" else min(len(seq.emitted_ids), len(seq.logprobs))
+    new = tuple(seq.logprobs[seq.logprobs_sent:end])
+    seq.logprobs_sent = max(seq.logprobs_sent, end)
+    return new
+
+
+def take_prompt_logprobs(seq: "Sequence") -> tuple[TokenLogprob, ...] | None:
+    """The prompt's logprobs once all are computed, handed out once (None before, after, or unasked)."""
+    if (seq.params.prompt_logprobs is None or seq.prompt_logprobs_sent
+            or len(seq.prompt_logprobs) < len(seq.prompt_ids) - 1):
+        return None
+    seq.prompt_logprobs_sent = True
+    return tuple(seq.prompt_logprobs)

@@ -48,6 +48,26 @@ class BlockAllocator(BlockPool):
 
     # ------------------------------------------------------------------ read-only interface
     @property
+    def num_blocks(self) -> int:
+        """Physical blocks in the pool."""
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        """Token slots per block."""
+        return self._block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with refcount 0, including cached ones that a prefix hit could still revive."""
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks with refcount > 0."""
+        return self._num_blocks - len(self._free)
+
+    @property
     def enable_prefix_caching(self) -> bool:
         """Whether full blocks are registered and matched in the prefix cache."""
         return self._caching

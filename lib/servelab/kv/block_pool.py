@@ -103,27 +103,7 @@ class BlockPool:
         self._reserved: dict[Hashable, int] = {}
         self._total_reserved = 0
 
-    # ------------------------------------------------------------------ counts
-    @property
-    def num_blocks(self) -> int:
-        """Physical blocks in the pool."""
-        return self._num_blocks
-
-    @property
-    def block_size(self) -> int:
-        """Token slots per block."""
-        return self._block_size
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks with refcount 0, including cached ones that a prefix hit could still revive."""
-        return len(self._free)
-
-    @property
-    def num_used_blocks(self) -> int:
-        """Blocks with refcount > 0."""
-        return self._num_blocks - len(self._free)
-
+    # ------------------------------------------------------------------ what the step reads
     @property
     def num_available_blocks(self) -> int:
         """Free blocks not promised to any reservation: headroom for new reservations or allocations."""
