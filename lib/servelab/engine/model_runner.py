@@ -49,12 +49,6 @@ class KVCache:
         self.layer_k_slots = [k.view(num_kv_heads, -1, head_dim) for k in self.layer_k]  # [kv_heads, slots, d]
         self.layer_v_slots = [v.view(num_kv_heads, -1, head_dim) for v in self.layer_v]
 
-    @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                        dtype: torch.dtype) -> int:
-        """Bytes one block costs across all layers, K and V: ``2 * L * block_size * kv_heads * d * b``."""
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: copy physical block ``src`` into ``dst`` in every layer, for each ``(src, dst)``."""
         if not pairs:
@@ -276,8 +270,7 @@ class ModelRunner:
         use_gemv_layout(self.model)
         cfg = model.config
         self.block_size = config.block_size
-        shape = (cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.bytes_per_block = KVCache.bytes_per_block(*shape, dtype=self.dtype)
+        self.bytes_per_block = gpu_memory.kv_block_bytes(cfg, config.block_size, self.dtype)
         self.num_blocks = config.num_blocks or gpu_memory.pool_blocks(self, config)
         self.cache = KVCache(cfg.num_hidden_layers, self.num_blocks, config.block_size,
                              cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)

@@ -1,23 +1,16 @@
 """Batched torch sampler: the reference pipeline of ``servelab.sampling`` applied to many rows at once.
 
-Stages, in the order of :func:`servelab.sampling.next_token_distribution`: hard constraints (allowed ids,
-banned sequences, no-repeat n-grams) and logit bias -> penalties (frequency/presence on generated tokens,
-repetition on prompt + output) -> the row's grammar mask (structured outputs, :mod:`servelab.grammar`;
-the reference pipeline has no such stage) -> temperature (``T = 0`` is a separate greedy branch) -> truncation filters
-in each row's ``filter_order`` -> renormalise -> inverse-CDF draw.
+Stages, in the order of :func:`servelab.sampling.next_token_distribution`: hard constraints and logit
+bias -> penalties (both in :mod:`~servelab.engine.logits_processors`) -> the grammar mask
+(:mod:`~servelab.engine.structured`; the reference has no such stage) -> temperature (``T = 0`` is a
+separate greedy branch) -> truncation filters in each row's ``filter_order``
+(:mod:`~servelab.engine.truncation`) -> inverse-CDF draw. A stage runs only when a row asks for it.
 
 Reproducibility: each sampling row (temperature > 0) draws exactly one uniform per step from its own
 request's ``torch.Generator``, so a seeded request's tokens do not depend on which other requests share
-the batch. Greedy rows draw nothing: their token never depends on a uniform. The probability maths runs
-in float64 so that support sets match the numpy reference.
+the batch; greedy rows draw nothing. The maths runs in float64 so that support sets match the reference.
 
-The hard constraints and penalties are in :mod:`servelab.engine.logits_processors`, the grammar mask in
-:mod:`servelab.engine.structured`, the truncation filters (top-k, top-p, min-p, typical) in
-:mod:`servelab.engine.truncation`, log-probabilities in :mod:`servelab.engine.logprobs`: none of them
-runs unless a request in the batch asks for it.
-
-System boundary: logits ``[rows, vocab]`` in (any device), one token id per row out. Which rows exist and
-what they have generated so far is the engine's business.
+System boundary: logits ``[rows, vocab]`` in (any device), one token id per row out.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ import torch
 
 from servelab.engine import structured
 from servelab.engine.logits_processors import process_logits, uses_processors
-from servelab.engine.truncation import FILTERS
+from servelab.engine.truncation import apply_filters
 from servelab.sampling.params import SamplingParams
 
 
@@ -50,7 +43,7 @@ def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int
     Returns a Python int per row, or None for a row whose hard constraints mask every token (that
     request cannot continue; the reference pipeline raises ValueError for it).
     """
-    if all(_plain_greedy(r.params) and r.grammar_mask is None for r in rows):  # nothing to mask, penalise or sample
+    if all(_plain_greedy(r.params) and r.grammar_mask is None for r in rows):  # nothing to mask or draw
         return logits.argmax(dim=-1).tolist()
     draws = [float(torch.rand((), generator=r.generator, dtype=torch.float64)) if r.params.temperature > 0
              else 0.0 for r in rows]  # one uniform per sampling row; a greedy row's is never read
@@ -76,7 +69,8 @@ def next_token_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple
     temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float64, device=z.device)
     greedy = temps == 0
     probs = torch.softmax(z / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
-    probs = _apply_filters(probs, rows)
+    if any(r.params.temperature > 0 and r.params.enabled_filters() for r in rows):
+        probs = apply_filters(probs, rows)
     if greedy.any():
         one_hot = torch.zeros_like(probs)
         one_hot[torch.arange(len(rows), device=z.device), z.argmax(dim=-1)] = 1.0
@@ -91,18 +85,3 @@ def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     ids = torch.arange(probs.shape[-1], device=probs.device)
     last_eligible = torch.where(probs > 0, ids, -1).max(dim=-1).values
     return torch.minimum(index, last_eligible)
-
-
-# ----------------------------------------------------------------------------------------------- stage 4
-
-
-def _apply_filters(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """Apply each row's enabled filters in its own order; rows sharing a (stage, filter) go together."""
-    orders = [r.params.enabled_filters() if r.params.temperature > 0 else () for r in rows]
-    for stage in range(max((len(o) for o in orders), default=0)):
-        for name, fn in FILTERS.items():
-            picked = [i for i, o in enumerate(orders) if len(o) > stage and o[stage] == name]
-            if picked:
-                index = torch.tensor(picked, device=probs.device)
-                probs[index] = fn(probs[index], [rows[i].params for i in picked])
-    return probs
