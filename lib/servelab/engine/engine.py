@@ -1,18 +1,12 @@
 """``LLMEngine.step``: one scheduler tick and one forward pass, as five named phases.
 
-**schedule** (a tick of :mod:`~servelab.engine.scheduler`: admissions under the reservation rule,
-preemptions, token budget) -> **prepare inputs** (the tick's chunks as one flat
+**schedule** (:mod:`~servelab.engine.scheduler`) -> **prepare inputs** (the tick's chunks as one flat
 :class:`~servelab.engine.model_runner.ForwardInput`) -> **forward** (logits for the rows that sample) ->
-**sample** (:mod:`~servelab.engine.sampler`) -> **process outputs** (text, stop strings, EOS / length:
-:func:`~servelab.engine.sequence.accept_token`); expired deadlines are ended first and, when tracing is
-on (``EngineConfig.trace_steps``), a :class:`~servelab.engine.trace.StepRecord` is kept last.
-
-Every terminal path (finished, cancelled, timed out, failed) goes through :meth:`LLMEngine._end`: each
-sequence goes back through ``Scheduler.release`` and the request's one terminal record is written to
-:attr:`LLMEngine.ledger`. With ``params.n > 1`` sample 0 prefills the prompt once and is forked into
-the ``n`` samples after its last prompt chunk (shared blocks, copy-on-write). Logprobs are the raw
-log-softmax of rows the pass already computed. The API a caller drives between steps (add, cancel,
-pause / resume, stats, from_pretrained) is :class:`~servelab.engine.control.EngineControls`.
+**sample** (:mod:`~servelab.engine.sampler`) -> **process outputs** (:func:`~servelab.engine.sequence.accept_token`:
+text, stop strings, EOS / length). Every ending (finished, cancelled, timed out, failed) goes through
+:meth:`LLMEngine._end`: ``Scheduler.release`` for each sequence, one terminal record in :attr:`LLMEngine.ledger`.
+The API a caller drives between steps (add, cancel, pause / resume, stats, from_pretrained) is
+:class:`~servelab.engine.control.EngineControls`.
 
 System boundary: timestamps come from the injected ``clock`` (seconds) at the engine API: arrival is
 ``add_request``, an emit is the end of the step that hands a token to the caller.
@@ -65,7 +59,8 @@ class LLMEngine(EngineControls):
                                         cache_on_compute=True)
         self.slots = SlotPool(config.max_num_seqs)
         reservation = reservation_policy(config.reservation_policy, config.block_size, self.max_model_len)
-        self.scheduler = Scheduler(config, self.allocator, self.runner, self.slots, reservation, self.runner.host_swap)
+        self.scheduler = Scheduler(config, self.allocator, self.runner.copy_blocks, self.slots, reservation,
+                                   self.runner.host_swap)
         self.validator = RequestValidator(tokenizer, model.config.vocab_size, self.max_model_len, config,
                                           self.runner.num_blocks, self.scheduler.reservation)
         self.ledger = Ledger(max_records=config.ledger_size)
@@ -79,12 +74,9 @@ class LLMEngine(EngineControls):
         self._eos = frozenset(model.config.eos_token_ids)  # every id in config.json / generation_config.json
 
     def step(self) -> StepOutputs:
-        """Run one iteration; returns the outputs (deltas) it produced, finished requests included, as a
-        list that also names the requests admitted and counts the sequences preempted this step.
-
-        Phases: schedule -> prepare inputs -> forward -> sample -> process outputs (:meth:`_run`).
-        A step in which nothing happened returns an empty list and leaves no trace record.
-        """
+        """Run one iteration: end expired deadlines, schedule, then phases 2-5 (:meth:`_run`). Returns the
+        outputs (deltas) it produced, finished requests included, with the requests it admitted and how many
+        sequences it preempted. With ``EngineConfig.trace_steps`` a :class:`StepRecord` is kept last."""
         start = self.clock()
         outputs, self._pending = self._pending, []
         outputs += self._expire_deadlines(start)
@@ -143,8 +135,8 @@ class LLMEngine(EngineControls):
         seqs = [s for s, _ in picks]
         constrained = any(s.params.grammar is not None for s in seqs)
         masks = structured.grammar_masks(seqs, logits.shape[-1]) if constrained else {}
-        tokens = sample_tokens(logits, [SamplingRow(s.params, s.prompt_ids, s.output_ids, s.generator, masks.get(i))
-                                        for i, s in enumerate(seqs)])
+        tokens = sample_tokens(logits, [SamplingRow(s.params, s.prompt_ids, s.output_ids, s.generator,
+                                                    masks.get(i)) for i, s in enumerate(seqs)])
         if masks:
             structured.accept_tokens(seqs, masks, tokens)
         if any(s.params.logprobs is not None for s in seqs):
@@ -170,8 +162,8 @@ class LLMEngine(EngineControls):
         return [self._finish_stopped(r, stops[r], failures.get(r)) for r in stops]
 
     def _finish_stopped(self, request: EngineRequest, stops: list[tuple[Sequence, str]],
-                  failure: str | None) -> RequestOutput:
-        """This step's output for a request with sampled tokens: finish the text of the samples that stopped, release
+                        failure: str | None) -> RequestOutput:
+        """This step's output for a sampled request: finish the text of the samples that stopped, release
         them early when siblings go on, and end the request once no sample is left."""
         if failure is not None:
             return self._end(request, "failed", detail=failure)
@@ -206,13 +198,9 @@ class LLMEngine(EngineControls):
         return [self._end(r, "failed", detail=repr(exc)) for r in requests]
 
     def _end(self, request: EngineRequest, reason: str, detail: str = "", at: float | None = None) -> RequestOutput:
-        """The one terminal path: finish the text of every unfinished sample with ``reason``, release every sequence
-        through ``Scheduler.release``, write the request's one terminal record, and let go of the sequences
-        (``request.seqs`` is emptied, so the ended request and its sequences are freed as soon as nothing
-        else holds them, not at the next full garbage collection).
-
-        ``at`` is the end time when the caller already read the clock for it.
-        """
+        """The one terminal path: finish every unfinished sample's text with ``reason``, release each sequence
+        (``Scheduler.release``), write the one terminal record, and let go of the sequences so refcounting
+        frees them. ``at``: the end time, when the caller already read the clock."""
         now = self.clock() if at is None else at
         from_state = lifecycle_state(request)
         for seq in request.seqs:
@@ -221,10 +209,10 @@ class LLMEngine(EngineControls):
         request.finish_reason = reason
         released = [self.scheduler.release(seq) for seq in request.seqs]
         self.ledger.append(TerminalRecord(
-            request_id=request.request_id, state=TERMINAL_STATE[reason], reason=f"{reason}: {detail}" if detail else reason,
-            at=now, usage=usage(request.seqs), from_state=from_state, blocks_freed=sum(r.blocks for r in released),
-            reservation_released=sum(r.reservation for r in released), slots_released=sum(r.slots for r in released),
-            swap_released=sum(r.swap for r in released)))
+            request_id=request.request_id, state=TERMINAL_STATE[reason], at=now, from_state=from_state,
+            reason=f"{reason}: {detail}" if detail else reason, usage=usage(request.seqs),
+            blocks_freed=sum(r.blocks for r in released), reservation_released=sum(r.reservation for r in released),
+            slots_released=sum(r.slots for r in released), swap_released=sum(r.swap for r in released)))
         del self._requests[request.request_id]
         output = request_output(request.request_id, request.seqs, reason)
         request.seqs = []  # break the request <-> sequence cycle: refcounting, not the cyclic GC, frees both

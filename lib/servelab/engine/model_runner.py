@@ -294,5 +294,5 @@ class ModelRunner:
         return self.model.lm_head(hidden).float()
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """The scheduler's ``KVMover``: copy-on-write, physical block ``src`` -> ``dst`` in every layer."""
+        """The scheduler's ``copy_blocks``: copy-on-write, physical block ``src`` -> ``dst`` in every layer."""
         self.cache.copy_blocks(pairs)

@@ -3,24 +3,21 @@
 A tick decides what the next forward pass computes under three limits: ``max_num_seqs`` batch slots (a
 request with ``n`` samples takes ``n`` from admission), the ``max_num_batched_tokens`` budget shared by
 decode tokens and prefill chunks, and the KV block pool, whose admission rule is a
-:class:`ReservationPolicy`. Order of a tick: swap-ins -> running sequences in policy order (a decode
-token or the next prefill chunk each; those the budget cannot reach are *descheduled*: KV kept) ->
-admissions in policy order, skipped once anything was preempted or is still swapped out. A decode that
-finds no free block preempts the lowest-ranked running sequence (recompute: drop its KV; swap: copy it
-to host memory). A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and keeps what it holds.
+:class:`ReservationPolicy`. A decode that finds no free block preempts the lowest-ranked running
+sequence. A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and keeps what it holds.
+Off the default step: swapping (:mod:`~servelab.engine.swap`), the up-front rule
+(:mod:`~servelab.engine.reservation`) and the fork of ``n > 1`` samples (:mod:`~servelab.engine.parallel_sampling`).
 
-Swapping is in :mod:`~servelab.engine.swap`, the up-front rule in :mod:`~servelab.engine.reservation`, the
-fork of ``n > 1`` samples in :mod:`~servelab.engine.parallel_sampling`: none of them runs in a default step.
-
-System boundary: the scheduler moves block ids and sequences; bytes move through the :class:`KVMover` it
-is given (copy-on-write) and the host swap space, always before the blocks involved can be reused. Time
-is counted in ticks (one per :meth:`Scheduler.schedule`), tokens and blocks as named.
+System boundary: the scheduler moves block ids and sequences; KV bytes are copied by the ``copy_blocks``
+function it is given (copy-on-write) and swapped through the host swap space, always before the blocks
+involved can be reused. Time is counted in ticks (one per :meth:`Scheduler.schedule`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from servelab.engine.config import EngineConfig
 from servelab.engine.sequence import Sequence, SeqStatus
@@ -31,10 +28,8 @@ from servelab.lifecycle import SlotPool
 from servelab.queue_policy import rank_waiting, running_key
 
 
-class KVMover(Protocol):
-    """Copies KV bytes between physical blocks (implemented by the model runner)."""
-
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None: ...  # physical block src -> dst, now
+CopyBlocks = Callable[[list[tuple[int, int]]], None]
+"""Copies the KV of physical block ``src`` into ``dst`` for each ``(src, dst)``, now (the model runner's)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +109,6 @@ class SchedulerOutput:
     swapped_in: list[str] = field(default_factory=list)
     descheduled: list[str] = field(default_factory=list)  # running, KV kept, token budget did not reach it
     paused: list[str] = field(default_factory=list)  # paused by the caller, skipped in whichever queue it is
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) done this tick
 
     @property
     def num_batched_tokens(self) -> int:
@@ -133,12 +127,12 @@ class Scheduler:
     resetting it) and ``served`` (tenant -> tokens sampled for its sequences so far).
     """
 
-    def __init__(self, config: EngineConfig, allocator: BlockAllocator, mover: KVMover, slots: SlotPool,
+    def __init__(self, config: EngineConfig, allocator: BlockAllocator, copy_blocks: CopyBlocks, slots: SlotPool,
                  reservation: ReservationPolicy, swap_space: HostSwapSpace | None = None) -> None:
         self.config = config
         self.reservation = reservation
         self.allocator = allocator
-        self.mover = mover
+        self.copy_blocks = copy_blocks
         self.swap_space = swap_space  # where preemption by swap puts KV (None: no host swap space)
         self.slots = slots  # batch slots: one per sequence holding device KV (max_num_seqs)
         self.key = running_key(config.policy)  # smaller runs first, is preempted last
@@ -170,7 +164,9 @@ class Scheduler:
         return Released(self.allocator.free(seq.seq_id), reservation, self.slots.release(seq.seq_id), swap)
 
     def schedule(self) -> SchedulerOutput:
-        """Decide the next forward pass; see the module docstring for the order of decisions."""
+        """Decide the next forward pass: swap-ins -> running sequences in policy order (a decode token or
+        the next prefill chunk each; those the budget cannot reach are *descheduled*: KV kept) ->
+        admissions in policy order, skipped once anything was preempted or is still swapped out."""
         self.ticks += 1
         out = SchedulerOutput()
         if self.swapped:
@@ -240,7 +236,7 @@ class Scheduler:
                 if victim is seq:
                     return False
                 continue
-            self._execute_copies(copies, out)
+            self._execute_copies(copies)
             return True
 
     def _add_chunk(self, out: SchedulerOutput, seq: Sequence, count: int) -> None:
@@ -287,7 +283,7 @@ class Scheduler:
         if not self.reservation.admit(self.allocator, seq):
             return False
         allocation = self.allocator.allocate_prompt(seq.seq_id, tokens, seq.namespace)  # fits the reservation
-        self._execute_copies(allocation.copies, out)
+        self._execute_copies(allocation.copies)
         self.reservation.keep_output_promise(self.allocator, seq)
         cached = allocation.cached_prompt_tokens
         self.waiting.remove(seq)
@@ -301,8 +297,7 @@ class Scheduler:
         self._add_chunk(out, seq, min(len(tokens) - cached, budget))
         return True
 
-    def _execute_copies(self, copies: tuple[BlockCopy, ...], out: SchedulerOutput) -> None:
+    def _execute_copies(self, copies: tuple[BlockCopy, ...]) -> None:
         """Copy-on-write now: the source may be a free cached block that the next allocation reuses."""
-        pairs = [(c.src, c.dst) for c in copies]
-        self.mover.copy_blocks(pairs)
-        out.copies.extend(pairs)
+        if copies:
+            self.copy_blocks([(c.src, c.dst) for c in copies])
