@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 if TYPE_CHECKING:
     from servelab.engine.sequence import Sequence
 
-__all__ = ["TokenLogprob", "token_logprobs", "record_sampled", "score_prompts", "take_logprobs", "take_prompt_logprobs"]
+__all__ = ["TokenLogprob", "token_logprobs", "record_sampled", "ScoreRow", "score_rows", "score_prompts",
+           "take_logprobs", "take_prompt_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,26 @@ def record_sampled(logits: torch.Tensor, seqs: Sequence["Sequence"], tokens: Seq
         seqs[i].logprobs.append(logprob)
 
 
-def score_prompts(rows: Sequence[tuple["Sequence", int]], logits: torch.Tensor) -> None:
-    """Store the prompt logprobs of a step's score rows (``(sequence, position)`` each, its row of ``logits``
-    scoring prompt token ``position + 1``); a position scored before (a recomputed prefill) is skipped."""
-    found = token_logprobs(logits, [seq.prompt_ids[p + 1] for seq, p in rows],
-                           [seq.params.prompt_logprobs for seq, _ in rows])
-    for (seq, position), logprob in zip(rows, found):
+class ScoreRow(NamedTuple):
+    """A prompt position whose logits score the next prompt token: flat ``index`` in the step's batch."""
+
+    index: int
+    seq: "Sequence"
+    position: int
+
+
+def score_rows(seq: "Sequence", start: int, end: int, offset: int) -> list[ScoreRow]:
+    """The score rows of a chunk computing positions ``[start, end)`` of ``seq`` from flat index ``offset``
+    (the last prompt position is not one: its logits are the sampled row)."""
+    return [ScoreRow(offset + p - start, seq, p) for p in range(start, min(end, len(seq.prompt_ids) - 1))]
+
+
+def score_prompts(rows: Sequence[ScoreRow], logits: torch.Tensor) -> None:
+    """Store the prompt logprobs of a step's score rows (row ``i`` of ``logits`` scoring prompt token
+    ``rows[i].position + 1``); a position scored before (a recomputed prefill) is skipped."""
+    found = token_logprobs(logits, [row.seq.prompt_ids[row.position + 1] for row in rows],
+                           [row.seq.params.prompt_logprobs for row in rows])
+    for (_, seq, position), logprob in zip(rows, found):
         if position == len(seq.prompt_logprobs):
             seq.prompt_logprobs.append(logprob)
 

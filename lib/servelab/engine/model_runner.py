@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from servelab.device import resolve_device_dtype, use_gemv_layout
 from servelab.engine import gpu_memory
 from servelab.engine.config import EngineConfig
+from servelab.engine.logprobs import ScoreRow, score_rows
 from servelab.engine.scheduler import ScheduledChunk
 from servelab.engine.sequence import Sequence
 from servelab.engine.swap import HostSwapSpace
@@ -225,18 +226,15 @@ class ForwardInput:
 
     ``token_ids[i]`` sits at absolute position ``positions[i]``; ``spans`` say which block table each
     chunk's tokens use (attention metadata); ``sample_indices`` are the flat indices of the last token
-    of each chunk whose logits are sampled, in chunk order. ``score_indices`` are the flat indices of
-    prompt positions whose logits score the next prompt token (requests with ``prompt_logprobs``), and
-    ``score_rows`` says whose: ``(sequence, position)`` each, the logits at ``position`` scoring prompt
-    token ``position + 1``.
+    of each chunk whose logits are sampled, in chunk order. ``score_rows``: the prompt positions whose
+    logits score the next prompt token (only for ``prompt_logprobs``, :func:`~servelab.engine.logprobs.score_rows`).
     """
 
     token_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     spans: list[ChunkSpan] = field(default_factory=list)
     sample_indices: list[int] = field(default_factory=list)
-    score_indices: list[int] = field(default_factory=list)
-    score_rows: list[tuple[Sequence, int]] = field(default_factory=list)
+    score_rows: list[ScoreRow] = field(default_factory=list)
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[tuple[ScheduledChunk, Sequence, list[int]]]) -> "ForwardInput":
@@ -244,10 +242,8 @@ class ForwardInput:
         batch = cls()
         for chunk, seq, table in chunks:
             end = chunk.start + chunk.num_tokens
-            if seq.params.prompt_logprobs is not None:  # the last prompt position is the sampled row
-                for position in range(chunk.start, min(end, len(seq.prompt_ids) - 1)):
-                    batch.score_indices.append(len(batch.token_ids) + position - chunk.start)
-                    batch.score_rows.append((seq, position))
+            if seq.params.prompt_logprobs is not None:
+                batch.score_rows += score_rows(seq, chunk.start, end, len(batch.token_ids))
             batch.token_ids += seq.tokens_between(chunk.start, end)
             batch.positions += range(chunk.start, end)
             batch.spans.append(ChunkSpan(chunk.start, chunk.num_tokens, table))
@@ -281,15 +277,15 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ForwardInput) -> torch.Tensor:
         """One forward pass over ``batch``. Returns float32 logits ``[len(sample_indices) +
-        len(score_indices), vocab]``: one row per sampled chunk, in chunk order, then the score rows."""
+        len(score_rows), vocab]``: one row per sampled chunk, in chunk order, then the score rows."""
         self.backend.metadata = build_metadata(batch.spans, self.block_size, self.device, self.dtype)
         try:
             hidden = self.model.hidden_states(torch.tensor(batch.token_ids, device=self.device),
                                               torch.tensor(batch.positions, device=self.device), self.backend)
         finally:
             self.backend.metadata = None
-        if batch.score_indices or len(batch.sample_indices) < len(batch.token_ids):  # else: pure decode
-            rows = batch.sample_indices + batch.score_indices
+        if batch.score_rows or len(batch.sample_indices) < len(batch.token_ids):  # else: pure decode
+            rows = batch.sample_indices + [row.index for row in batch.score_rows]
             hidden = hidden[torch.tensor(rows, device=self.device, dtype=torch.long)]
         return self.model.lm_head(hidden).float()
 
