@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass
 
-from servelab.queue_fairness import aging, fair_queuing
-from servelab.queue_policy import POLICIES, fcfs, priority, shortest_job_first
+from servelab.queue_disciplines import aging, fair_queuing, priority, shortest_job_first
+from servelab.queue_policy import POLICIES, fcfs
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ its priority class and the tokens it still owes. The engine's ``Sequence`` and t
 their requests both provide it, so the engine's scheduler (``EngineConfig.policy`` names one of
 :data:`ENGINE_POLICIES`) and :mod:`servelab.batching` sort with the same functions. A *key* maps one
 request to a tuple; smaller keys are served first (and, in the engine, preempted last). Every key ends
-with the arrival index, so the order is total and deterministic. The remedies for starvation, SJF with
-aging and per-tenant fair queuing, are in :mod:`servelab.queue_fairness`.
+with the arrival index, so the order is total and deterministic. The default, FCFS, is here; the other
+disciplines (priority, SJF, SJF with aging, fair queuing) are in :mod:`servelab.queue_disciplines`.
 
 System boundary: ordering only. Whether a request fits (batch slots, token budget, KV blocks) is the
 scheduler's decision.
@@ -17,10 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
-from servelab.queue_fairness import aging, fair_queuing
+from servelab.queue_disciplines import aging, fair_queuing, priority, shortest_job_first
 
-__all__ = ["Queued", "Key", "fcfs", "priority", "shortest_job_first", "POLICIES", "ENGINE_POLICIES",
-           "running_key", "rank_waiting"]
+__all__ = ["Queued", "Key", "fcfs", "POLICIES", "ENGINE_POLICIES", "running_key", "rank_waiting"]
 
 
 class Queued(Protocol):
@@ -46,17 +45,6 @@ _Q = TypeVar("_Q", bound=Queued)
 def fcfs(req: Queued) -> tuple:
     """First come, first served: arrival order (the engine's default)."""
     return (req.arrival_index,)
-
-
-def priority(req: Queued) -> tuple:
-    """Lower ``priority`` value first, then arrival order."""
-    return (req.priority, req.arrival_index)
-
-
-def shortest_job_first(req: Queued) -> tuple:
-    """Fewest remaining tokens first, then arrival order. In the engine that is ``max_tokens`` minus the
-    tokens generated, a proxy: the real output length is unknown until the request stops."""
-    return (req.remaining_tokens, req.arrival_index)
 
 
 POLICIES: dict[str, Key] = {"fcfs": fcfs, "priority": priority, "sjf": shortest_job_first}

@@ -1,11 +1,12 @@
-"""Fairness remedies for the waiting queue: SJF with aging, and per-tenant fair queuing.
+"""The queueing disciplines beyond first come, first served: priority classes, shortest job first, SJF with
+aging, and per-tenant fair queuing.
 
-Shortest-job-first starves long requests, and any order by arrival lets one busy tenant crowd out the
-rest. :func:`aging` ranks a request better the longer it has waited; :func:`fair_queuing` serves the
-tenant with the fewest tokens so far. Both read a waiting request through a small protocol (its arrival
-index and remaining tokens, plus the time waited or the tenant), so the engine's scheduler
-(``EngineConfig.policy="sjf-aging"`` or ``"fair-queuing"``, through
-:func:`servelab.queue_policy.rank_waiting`) and the simulators of :mod:`servelab.batching` share them.
+Each reads a waiting request through a small protocol (the :class:`servelab.queue_policy.Queued` fields,
+plus the time waited for aging or the tenant for fair queuing), so the engine's scheduler
+(``EngineConfig.policy``, through :func:`servelab.queue_policy.rank_waiting`) and the simulators of
+:mod:`servelab.batching` share them. SJF starves long requests and arrival order lets one busy tenant
+crowd out the rest: :func:`aging` ranks a request better the longer it has waited, :func:`fair_queuing`
+serves the tenant with the fewest tokens so far.
 
 System boundary: ordering only. The state they read is the caller's: the engine's scheduler counts
 waiting in scheduler ticks and tokens served per tenant, the simulators in their own ticks.
@@ -14,9 +15,23 @@ waiting in scheduler ticks and tokens served per tenant, the simulators in their
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-__all__ = ["Aged", "Tenanted", "aging", "fair_queuing"]
+if TYPE_CHECKING:
+    from servelab.queue_policy import Queued
+
+__all__ = ["priority", "shortest_job_first", "Aged", "Tenanted", "aging", "fair_queuing"]
+
+
+def priority(req: "Queued") -> tuple:
+    """Lower ``priority`` value first, then arrival order."""
+    return (req.priority, req.arrival_index)
+
+
+def shortest_job_first(req: "Queued") -> tuple:
+    """Fewest remaining tokens first, then arrival order. In the engine that is ``max_tokens`` minus the
+    tokens generated, a proxy: the real output length is unknown until the request stops."""
+    return (req.remaining_tokens, req.arrival_index)
 
 
 class Aged(Protocol):
