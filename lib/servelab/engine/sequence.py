@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.engine.logprobs import take_logprobs, take_prompt_logprobs
+from servelab.engine.logprobs import SampleLogprobs, take_logprobs, take_prompt_logprobs
 from servelab.ledger import Usage
 from servelab.metrics import RequestTiming
 from servelab.sampling.params import SamplingParams
@@ -86,11 +86,7 @@ class Sequence:
     committed_at_end: int = 0  # num_computed when it finished (what it held just before release)
     delta: str = ""  # text produced since the last output, not yet handed out
     delta_ids: tuple[int, ...] = ()  # ids released since the last output
-    # logprobs (params.logprobs / params.prompt_logprobs) and the structured-output grammar's state
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token
-    logprobs_sent: int = 0
-    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt token i + 1 at index i
-    prompt_logprobs_sent: bool = False
+    logprobs: SampleLogprobs = field(default_factory=SampleLogprobs)  # params.logprobs / prompt_logprobs
     matcher: object | None = None  # the sample's xgrammar matcher (params.grammar), made at its first step
 
     @property
