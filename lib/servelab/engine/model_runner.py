@@ -74,13 +74,11 @@ class PrefillGroup:
 @dataclass
 class AttentionMetadata:
     """Everything the backend needs for one forward pass, built once and shared by all layers.
-
     Decode rows (one new token each) are batched into one attention call; each multi-token row (a prefill
     chunk, or a recompute) gets its own call, so no sequence pays for another one's query length. Keys are
     cut to the longest context, and masks are left out where every key is visible (same-length decode
     rows; a chunk that starts at position 0 is plain causal), which lets SDPA pick its fastest kernel.
-    Masks are additive (0 or -inf, in the model's dtype), built once here rather than converted per layer.
-    """
+    Masks are additive (0 or -inf, in the model's dtype), built once here rather than converted per layer."""
 
     slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V is written
     decode_token_index: torch.Tensor  # [num_decode] long: flat index of each decode token
@@ -93,10 +91,8 @@ class AttentionMetadata:
 def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
                    dtype: torch.dtype) -> AttentionMetadata:
     """Metadata for a flat batch made of ``rows``, each ``(start_position, num_new_tokens, block_table)``.
-
     Row ``i``'s tokens occupy the next ``num_new_tokens`` entries of the flat batch, at positions
-    ``start_position ..``; its block table must cover position ``start_position + num_new_tokens - 1``.
-    """
+    ``start_position ..``; its block table must cover position ``start_position + num_new_tokens - 1``."""
     slots: list[int] = []
     decode_index, decode_tables, decode_lens = [], [], []
     prefills: list[PrefillGroup] = []
@@ -136,11 +132,9 @@ def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, devi
 
 def _gather(pool: torch.Tensor, tables: torch.Tensor, num_keys: int) -> torch.Tensor:
     """Read each sequence's history through its block table: ``[S, kv_heads, num_keys, d]``.
-
     ``pool`` is one layer's ``[kv_heads, num_blocks, block_size, d]``. ``index_select`` over the flattened
     tables copies the blocks in one pass (several times faster on CPU than advanced indexing
-    ``pool[:, tables]``, which computes the same thing); the result is a view, no second copy.
-    """
+    ``pool[:, tables]``, which computes the same thing); the result is a view, no second copy."""
     num_seqs, width = tables.shape
     kv_heads, _, block_size, head_dim = pool.shape
     blocks = pool.index_select(1, tables.reshape(-1))  # [kv_heads, S * width, block_size, d]
@@ -154,10 +148,8 @@ def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class PagedAttention:
     """Attention backend over the paged pool; set :attr:`metadata` before each forward pass.
-
     Called as ``backend(layer, q, k, v)`` with q ``[T, n_heads, d]`` and k/v ``[T, n_kv_heads, d]`` for the
-    ``T`` new tokens of the step (already RoPE-rotated); returns ``[T, n_heads, d]``.
-    """
+    ``T`` new tokens of the step (already RoPE-rotated); returns ``[T, n_heads, d]``."""
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
@@ -187,10 +179,8 @@ class PagedAttention:
     def _attend_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                        meta: AttentionMetadata) -> torch.Tensor:
         """One new token per sequence: q ``[S, H, d]`` -> ``[S, H, d]``.
-
         Grouped-query attention without copying K/V: the ``H / kv_heads`` query heads that share a KV head
-        are laid along the query axis of that head, ``[S, kv_heads, group, d]``, so each KV head is read once.
-        """
+        are laid along the query axis of that head, ``[S, kv_heads, group, d]``, so each KV head is read once."""
         num_seqs, num_heads, head_dim = q.shape
         kv_heads = k_pool.shape[0]
         keys = _gather(k_pool, meta.decode_block_tables, meta.decode_num_keys)
@@ -223,12 +213,10 @@ class ChunkSpan(NamedTuple):
 @dataclass
 class ForwardInput:
     """One forward pass's batch, flattened: every chunk's tokens one after another.
-
     ``token_ids[i]`` sits at absolute position ``positions[i]``; ``spans`` say which block table each
     chunk's tokens use (attention metadata); ``sample_indices`` are the flat indices of the last token
     of each chunk whose logits are sampled, in chunk order. ``score_rows``: the prompt positions whose
-    logits score the next prompt token (only for ``prompt_logprobs``, :func:`~servelab.engine.logprobs.score_rows`).
-    """
+    logits score the next prompt token (only for ``prompt_logprobs``, :func:`~servelab.engine.logprobs.score_rows`)."""
 
     token_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
@@ -254,11 +242,9 @@ class ForwardInput:
 
 class ModelRunner:
     """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``num_blocks`` blocks.
-
     The model is moved to the configured device and dtype in place (unset fields keep the model's own), its
     CPU linear weights stored column-major (:func:`servelab.device.use_gemv_layout`). The pool holds
-    ``config.num_blocks`` blocks, else what :func:`servelab.engine.gpu_memory.pool_blocks` sizes.
-    """
+    ``config.num_blocks`` blocks, else what :func:`servelab.engine.gpu_memory.pool_blocks` sizes."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
         self.device, self.dtype = resolve_device_dtype(config, model)

@@ -39,10 +39,8 @@ class SamplingRow:
 
 def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int | None]:
     """Choose one token per row of ``logits`` (``[len(rows), vocab]``).
-
     Returns a Python int per row, or None for a row whose hard constraints mask every token (that
-    request cannot continue; the reference pipeline raises ValueError for it).
-    """
+    request cannot continue; the reference pipeline raises ValueError for it)."""
     if all(_plain_greedy(r.params) and r.grammar_mask is None for r in rows):  # nothing to mask or draw
         return logits.argmax(dim=-1).tolist()
     draws = [float(torch.rand((), generator=r.generator, dtype=torch.float64)) if r.params.temperature > 0

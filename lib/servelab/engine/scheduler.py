@@ -35,14 +35,12 @@ CopyBlocks = Callable[[list[tuple[int, int]]], None]
 @dataclass(frozen=True)
 class ReservationPolicy:
     """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised.
-
     This class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output
     grows block by block and a decode that finds the pool empty preempts. The other rule, ``"up-front"``,
     is :class:`~servelab.engine.reservation.UpFrontReservation`. Two phases: :meth:`admit` reserves the
     whole promise, ``allocate_prompt`` takes the prompt blocks out of it, and :meth:`keep_output_promise`
     leaves exactly the output's promise reserved. Units: blocks of ``block_size`` token slots;
-    ``max_model_len`` in tokens (None: no cap).
-    """
+    ``max_model_len`` in tokens (None: no cap)."""
 
     block_size: int
     max_model_len: int | None = None
@@ -121,11 +119,9 @@ class SchedulerOutput:
 
 class Scheduler:
     """Continuous batching over the waiting, running and swapped queues.
-
     For the queue policies (``EngineConfig.policy``, :mod:`servelab.queue_policy`) it keeps ``ticks``
     (ticks run so far; a sequence's ``waited`` is the ticks since it was queued, preemption not
-    resetting it) and ``served`` (tenant -> tokens sampled for its sequences so far).
-    """
+    resetting it) and ``served`` (tenant -> tokens sampled for its sequences so far)."""
 
     def __init__(self, config: EngineConfig, allocator: BlockAllocator, copy_blocks: CopyBlocks, slots: SlotPool,
                  reservation: ReservationPolicy, swap_space: HostSwapSpace | None = None) -> None:
@@ -270,10 +266,8 @@ class Scheduler:
 
     def _try_admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
         """Admit ``seq`` and schedule its first chunk; False: no room (slots, blocks or token budget).
-
         Skipping the cached prefix is safe: a block enters the prefix cache only once :meth:`commit`
-        reports it computed, so a block another request is still prefilling is a miss here.
-        """
+        reports it computed, so a block another request is still prefilling is a miss here."""
         tokens = seq.token_ids
         if self.slots.available < seq.batch_slots:
             return False

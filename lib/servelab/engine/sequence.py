@@ -126,13 +126,11 @@ class Sequence:
 
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas, decoding only a short window each time.
-
     A byte-level tokenizer may split one UTF-8 character over several tokens; until the rest arrives the
     decoded text ends in U+FFFD, so that tail is held back rather than sent and then contradicted. The
     window starts at the last token whose text was already returned (``_prefix``): decoding
     ``ids[_prefix:]`` and dropping the text of ``ids[_prefix:_read]`` gives exactly the new text, at a
-    cost independent of the output length.
-    """
+    cost independent of the output length."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -169,14 +167,12 @@ class SampleOutput:
 @dataclass(frozen=True)
 class RequestOutput:
     """What one step produced for one request: the new text and ids, plus the totals so far.
-
     With ``params.n > 1``, ``samples`` holds all ``n`` (empty when n == 1) and the text and id fields
     mirror sample 0. ``finish_reason`` (once every sample finished) is cancelled / timed_out / failed
     when the request was cut short, else that of the sample that finished last. ``usage`` sums over the
     samples; ``timing`` is per token stream, so only set for n == 1. ``logprobs``: one per id handed out
     this step, plus a final EOS (``params.logprobs``); ``prompt_logprobs``: the prompt tokens after the
-    first, once, when the prompt is done (``params.prompt_logprobs``; None in every other output).
-    """
+    first, once, when the prompt is done (``params.prompt_logprobs``; None in every other output)."""
 
     request_id: str
     delta: str

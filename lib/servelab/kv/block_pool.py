@@ -78,15 +78,13 @@ class _PromptPlan:
 
 class BlockPool:
     """Paged KV block manager, the step's part (``BlockAllocator`` is the full class: use that one).
-
     *Allocated slots* (``num_tokens``) have a physical slot in the sequence's block table (how many are
     computed is the engine's business). *Free* blocks have refcount 0; *cached* free ones still hold a
     registered full block a prefix hit can revive until reused (uncached first, then least recently
     freed). A *reservation* only lowers ``num_available_blocks``: its sequence's allocations consume it
     first, everyone else's use the unreserved headroom. A full block enters the prefix cache once
     allocated, or with ``cache_on_compute=True`` (chunked prefill: never hit an unwritten block) once
-    ``mark_computed`` reports it. Every mutating method succeeds completely or raises, changing nothing.
-    """
+    ``mark_computed`` reports it. Every mutating method succeeds completely or raises, changing nothing."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
                  cache_on_compute: bool = False) -> None:
@@ -202,10 +200,8 @@ class BlockPool:
 
     def free(self, seq_id: Hashable) -> int:
         """Release ``seq_id``: decref every block of its table (tail first) and drop its reservation.
-
         Returns how many blocks went back to the free list (a shared block only with its last holder).
-        Idempotent: an unknown or already freed ``seq_id`` returns 0.
-        """
+        Idempotent: an unknown or already freed ``seq_id`` returns 0."""
         self.release_reservation(seq_id)
         seq = self._seqs.pop(seq_id, None)
         if seq is None:
@@ -249,9 +245,7 @@ class BlockPool:
 
     def _shortfall(self, seq_id: Hashable, taken: int, exclude: int | None = None) -> int:
         """How many blocks short the pool is for taking ``taken`` blocks off the free list for ``seq_id``.
-
-        ``exclude`` is a free block that must stay on the list (the source of a pending copy).
-        """
+        ``exclude`` is a free block that must stay on the list (the source of a pending copy)."""
         own = self._reserved.get(seq_id, 0)
         headroom_short = max(0, taken - min(taken, own) - self.num_available_blocks)
         usable = len(self._free) - (1 if exclude is not None and self._refcount[exclude] == 0 else 0)
@@ -327,9 +321,7 @@ class BlockPool:
 
     def _publish(self, seq: _BlockTable, upto: int) -> int:
         """Offer full blocks ``[num_published, upto)`` to the prefix cache; returns how many were cached.
-
-        A block is cached only if no other block already holds its key (the first copy stays).
-        """
+        A block is cached only if no other block already holds its key (the first copy stays)."""
         cached = 0
         for i in range(seq.num_published, upto):
             key, block = seq.full_keys[i], seq.table[i]
