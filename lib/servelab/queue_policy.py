@@ -1,15 +1,12 @@
 """Queue policies: which waiting request is served first, for the engine and the tick simulators alike.
 
-A policy reads a waiting request through a small interface, :class:`Queued`: its place in arrival order,
-its priority class and the tokens it still owes. The engine's ``Sequence`` and the simulators' views of
-their requests both provide it, so the engine's scheduler (``EngineConfig.policy`` names one of
-:data:`ENGINE_POLICIES`) and :mod:`servelab.batching` sort with the same functions. A *key* maps one
-request to a tuple; smaller keys are served first (and, in the engine, preempted last). Every key ends
-with the arrival index, so the order is total and deterministic. The default, FCFS, is here; the other
-disciplines (priority, SJF, SJF with aging, fair queuing) are in :mod:`servelab.queue_disciplines`.
+A policy reads a waiting request through :class:`Queued` (arrival index, priority class, tokens still
+owed), which the engine's ``Sequence`` and :mod:`servelab.batching`'s requests both provide. A *key* maps
+a request to a tuple; smaller keys are served first (in the engine, preempted last), and every key ends
+with the arrival index, so the order is total. FCFS, the default, is here; priority, SJF, SJF with aging
+and fair queuing are in :mod:`servelab.queue_disciplines`.
 
-System boundary: ordering only. Whether a request fits (batch slots, token budget, KV blocks) is the
-scheduler's decision.
+System boundary: ordering only; whether a request fits (slots, token budget, KV blocks) is the scheduler's.
 """
 
 from __future__ import annotations

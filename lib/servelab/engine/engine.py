@@ -5,8 +5,7 @@
 **sample** (:mod:`~servelab.engine.sampler`) -> **process outputs** (:func:`~servelab.engine.sequence.accept_token`:
 text, stop strings, EOS / length). Every ending (finished, cancelled, timed out, failed) goes through
 :meth:`LLMEngine._end`: ``Scheduler.release`` for each sequence, one terminal record in :attr:`LLMEngine.ledger`.
-The API a caller drives between steps (add, cancel, pause / resume, stats, from_pretrained) is
-:class:`~servelab.engine.control.EngineControls`.
+The API between steps (add, cancel, pause / resume, stats) is :class:`~servelab.engine.control.EngineControls`.
 
 System boundary: timestamps come from the injected ``clock`` (seconds) at the engine API: arrival is
 ``add_request``, an emit is the end of the step that hands a token to the caller.
@@ -59,7 +58,7 @@ class LLMEngine(EngineControls):
                                         cache_on_compute=True)
         self.slots = SlotPool(config.max_num_seqs)
         reservation = reservation_policy(config.reservation_policy, config.block_size, self.max_model_len)
-        self.scheduler = Scheduler(config, self.allocator, self.runner.copy_blocks, self.slots, reservation,
+        self.scheduler = Scheduler(config, self.allocator, self.runner.cache.copy_blocks, self.slots, reservation,
                                    self.runner.host_swap)
         self.validator = RequestValidator(tokenizer, model.config.vocab_size, self.max_model_len, config,
                                           self.runner.num_blocks, self.scheduler.reservation)
@@ -74,9 +73,8 @@ class LLMEngine(EngineControls):
         self._eos = frozenset(model.config.eos_token_ids)  # every id in config.json / generation_config.json
 
     def step(self) -> StepOutputs:
-        """Run one iteration: end expired deadlines, schedule, then phases 2-5 (:meth:`_run`). Returns the
-        outputs (deltas) it produced, finished requests included, with the requests it admitted and how many
-        sequences it preempted. With ``EngineConfig.trace_steps`` a :class:`StepRecord` is kept last."""
+        """One iteration: end expired deadlines, schedule, phases 2-5 (:meth:`_run`), a trace record if on.
+        Returns its outputs (deltas, finished requests included), the requests admitted, the preemptions."""
         start = self.clock()
         outputs, self._pending = self._pending, []
         outputs += self._expire_deadlines(start)
@@ -133,8 +131,7 @@ class LLMEngine(EngineControls):
         if len(picks) != logits.shape[0]:
             logits = logits[torch.tensor([row for _, row in picks], device=logits.device)]
         seqs = [s for s, _ in picks]
-        constrained = any(s.params.grammar is not None for s in seqs)
-        masks = structured.grammar_masks(seqs, logits.shape[-1]) if constrained else {}
+        masks = structured.grammar_masks(seqs, logits.shape[-1])  # {} unless a request has a grammar
         tokens = sample_tokens(logits, [SamplingRow(s.params, s.prompt_ids, s.output_ids, s.generator,
                                                     masks.get(i)) for i, s in enumerate(seqs)])
         if masks:

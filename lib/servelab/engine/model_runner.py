@@ -8,9 +8,8 @@ tokens from many sequences (prefill chunks and decode tokens mixed, :class:`Forw
 :class:`PagedAttention` writes their K/V into their slots, reads each sequence's history back through its
 block table and attends causally. Only the positions whose next token is sampled go through the LM head.
 
-System boundary: token ids and block tables in, float32 logits ``[sampled_rows, vocab]`` out (any device).
-Which blocks a sequence owns is the allocator's decision; :class:`ModelRunner` also copies the pool's
-blocks for the scheduler (copy-on-write) and holds its host swap space (:mod:`servelab.engine.swap`).
+System boundary: token ids and block tables in, float32 logits ``[sampled_rows, vocab]`` out (any device);
+which blocks a sequence owns is the allocator's decision.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from servelab.engine.config import EngineConfig
 from servelab.engine.logprobs import ScoreRow, score_rows
 from servelab.engine.scheduler import ScheduledChunk
 from servelab.engine.sequence import Sequence
-from servelab.engine.swap import HostSwapSpace
+from servelab.engine.swap import host_swap_space
 from servelab.model.llama import LlamaForCausalLM
 
 
@@ -73,12 +72,11 @@ class PrefillGroup:
 
 @dataclass
 class AttentionMetadata:
-    """Everything the backend needs for one forward pass, built once and shared by all layers.
-    Decode rows (one new token each) are batched into one attention call; each multi-token row (a prefill
-    chunk, or a recompute) gets its own call, so no sequence pays for another one's query length. Keys are
-    cut to the longest context, and masks are left out where every key is visible (same-length decode
-    rows; a chunk that starts at position 0 is plain causal), which lets SDPA pick its fastest kernel.
-    Masks are additive (0 or -inf, in the model's dtype), built once here rather than converted per layer."""
+    """Everything the backend needs for one forward pass, built once and shared by all layers. Decode rows
+    (one new token each) share one attention call; each multi-token row (a prefill chunk, a recompute) gets
+    its own, so no sequence pays for another's query length. Keys are cut to the longest context and masks
+    left out where every key is visible (same-length decode rows; a chunk from position 0 is plain causal),
+    so SDPA can pick its fastest kernel. Masks are additive (0 or -inf, in the model's dtype)."""
 
     slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V is written
     decode_token_index: torch.Tensor  # [num_decode] long: flat index of each decode token
@@ -131,10 +129,9 @@ def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, devi
 
 
 def _gather(pool: torch.Tensor, tables: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """Read each sequence's history through its block table: ``[S, kv_heads, num_keys, d]``.
-    ``pool`` is one layer's ``[kv_heads, num_blocks, block_size, d]``. ``index_select`` over the flattened
-    tables copies the blocks in one pass (several times faster on CPU than advanced indexing
-    ``pool[:, tables]``, which computes the same thing); the result is a view, no second copy."""
+    """Read each sequence's history through its block table: ``[S, kv_heads, num_keys, d]`` from one layer's
+    ``[kv_heads, num_blocks, block_size, d]`` pool. ``index_select`` over the flattened tables copies the
+    blocks in one pass (several times faster on CPU than ``pool[:, tables]``); the result is a view."""
     num_seqs, width = tables.shape
     kv_heads, _, block_size, head_dim = pool.shape
     blocks = pool.index_select(1, tables.reshape(-1))  # [kv_heads, S * width, block_size, d]
@@ -241,10 +238,9 @@ class ForwardInput:
 
 
 class ModelRunner:
-    """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``num_blocks`` blocks.
-    The model is moved to the configured device and dtype in place (unset fields keep the model's own), its
-    CPU linear weights stored column-major (:func:`servelab.device.use_gemv_layout`). The pool holds
-    ``config.num_blocks`` blocks, else what :func:`servelab.engine.gpu_memory.pool_blocks` sizes."""
+    """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``config.num_blocks`` blocks (else what
+    :func:`servelab.engine.gpu_memory.pool_blocks` sizes). The model moves to the configured device and dtype
+    in place, its CPU linear weights column-major (:func:`servelab.device.use_gemv_layout`)."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
         self.device, self.dtype = resolve_device_dtype(config, model)
@@ -257,8 +253,7 @@ class ModelRunner:
         self.cache = KVCache(cfg.num_hidden_layers, self.num_blocks, config.block_size,
                              cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
         self.backend = PagedAttention(self.cache)
-        swap_blocks = config.swap_space_bytes // self.bytes_per_block
-        self.host_swap = HostSwapSpace(swap_blocks, self.cache) if swap_blocks else None  # used only when swapping
+        self.host_swap = host_swap_space(config, self.cache, self.bytes_per_block)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardInput) -> torch.Tensor:
@@ -274,7 +269,3 @@ class ModelRunner:
             rows = batch.sample_indices + [row.index for row in batch.score_rows]
             hidden = hidden[torch.tensor(rows, device=self.device, dtype=torch.long)]
         return self.model.lm_head(hidden).float()
-
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """The scheduler's ``copy_blocks``: copy-on-write, physical block ``src`` -> ``dst`` in every layer."""
-        self.cache.copy_blocks(pairs)

@@ -6,10 +6,8 @@ bias -> penalties (both in :mod:`~servelab.engine.logits_processors`) -> the gra
 separate greedy branch) -> truncation filters in each row's ``filter_order``
 (:mod:`~servelab.engine.truncation`) -> inverse-CDF draw. A stage runs only when a row asks for it.
 
-Reproducibility: each sampling row (temperature > 0) draws exactly one uniform per step from its own
-request's ``torch.Generator``, so a seeded request's tokens do not depend on which other requests share
-the batch; greedy rows draw nothing. The maths runs in float64 so that support sets match the reference.
-
+Each sampling row (temperature > 0) draws one uniform per step from its own ``torch.Generator``, so a
+seeded request's tokens do not depend on the batch; greedy rows draw none. The maths is in float64.
 System boundary: logits ``[rows, vocab]`` in (any device), one token id per row out.
 """
 

@@ -5,8 +5,8 @@ request with ``n`` samples takes ``n`` from admission), the ``max_num_batched_to
 decode tokens and prefill chunks, and the KV block pool, whose admission rule is a
 :class:`ReservationPolicy`. A decode that finds no free block preempts the lowest-ranked running
 sequence. A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and keeps what it holds.
-Off the default step: swapping (:mod:`~servelab.engine.swap`), the up-front rule
-(:mod:`~servelab.engine.reservation`) and the fork of ``n > 1`` samples (:mod:`~servelab.engine.parallel_sampling`).
+Off the default step: :mod:`~servelab.engine.swap`, :mod:`~servelab.engine.reservation` (the up-front
+rule) and :mod:`~servelab.engine.parallel_sampling` (the fork of ``n > 1`` samples).
 
 System boundary: the scheduler moves block ids and sequences; KV bytes are copied by the ``copy_blocks``
 function it is given (copy-on-write) and swapped through the host swap space, always before the blocks
@@ -29,18 +29,17 @@ from servelab.queue_policy import rank_waiting, running_key
 
 
 CopyBlocks = Callable[[list[tuple[int, int]]], None]
-"""Copies the KV of physical block ``src`` into ``dst`` for each ``(src, dst)``, now (the model runner's)."""
+"""Copies the KV of physical block ``src`` into ``dst`` for each ``(src, dst)``, now (``KVCache.copy_blocks``)."""
 
 
 @dataclass(frozen=True)
 class ReservationPolicy:
-    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised.
-    This class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output
-    grows block by block and a decode that finds the pool empty preempts. The other rule, ``"up-front"``,
-    is :class:`~servelab.engine.reservation.UpFrontReservation`. Two phases: :meth:`admit` reserves the
-    whole promise, ``allocate_prompt`` takes the prompt blocks out of it, and :meth:`keep_output_promise`
-    leaves exactly the output's promise reserved. Units: blocks of ``block_size`` token slots;
-    ``max_model_len`` in tokens (None: no cap)."""
+    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised. This
+    class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output grows block
+    by block and a decode that finds the pool empty preempts (``"up-front"``: :mod:`~servelab.engine.reservation`).
+    Two phases: :meth:`admit` reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of
+    it, :meth:`keep_output_promise` leaves the output's promise reserved. Units: blocks of ``block_size``
+    token slots; ``max_model_len`` in tokens (None: no cap)."""
 
     block_size: int
     max_model_len: int | None = None
@@ -118,9 +117,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Continuous batching over the waiting, running and swapped queues.
-    For the queue policies (``EngineConfig.policy``, :mod:`servelab.queue_policy`) it keeps ``ticks``
-    (ticks run so far; a sequence's ``waited`` is the ticks since it was queued, preemption not
+    """Continuous batching over the waiting, running and swapped queues. For the queue policies it keeps
+    ``ticks`` (so far; a sequence's ``waited`` counts the ticks since it was queued, preemption not
     resetting it) and ``served`` (tenant -> tokens sampled for its sequences so far)."""
 
     def __init__(self, config: EngineConfig, allocator: BlockAllocator, copy_blocks: CopyBlocks, slots: SlotPool,

@@ -2,9 +2,8 @@
 
 A request with ``n`` samples has ``n`` sequences (``Sequence.request`` points back to it), shared by the
 scheduler, the model runner and output processing. Counts are tokens: ``num_computed`` leading tokens
-have K/V in the cache (``num_tokens - 1`` in decode); ``emitted_ids`` have reached the caller as text.
-Phase 5 of a step is :func:`accept_token` per sampled token, :func:`finish_text` when a sample ends and
-:func:`request_output` for the step's :class:`RequestOutput`.
+have K/V in the cache; ``emitted_ids`` have reached the caller as text. Phase 5 of a step is
+:func:`accept_token` per sampled token, :func:`finish_text` when a sample ends, :func:`request_output`.
 
 System boundary: plain bookkeeping, no tensors but the sample's generator; times are the engine clock's
 seconds. It frees nothing (the engine's one terminal path does).
@@ -125,12 +124,10 @@ class Sequence:
 
 
 class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas, decoding only a short window each time.
-    A byte-level tokenizer may split one UTF-8 character over several tokens; until the rest arrives the
-    decoded text ends in U+FFFD, so that tail is held back rather than sent and then contradicted. The
-    window starts at the last token whose text was already returned (``_prefix``): decoding
-    ``ids[_prefix:]`` and dropping the text of ``ids[_prefix:_read]`` gives exactly the new text, at a
-    cost independent of the output length."""
+    """Turns a growing list of token ids into text deltas, decoding only a short window each time. A
+    UTF-8 character split over several tokens decodes to a trailing U+FFFD until the rest arrives: that tail
+    is held back. Decoding ``ids[_prefix:]`` and dropping the text of ``ids[_prefix:_read]`` gives exactly
+    the new text, at a cost independent of the output length."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -166,13 +163,12 @@ class SampleOutput:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """What one step produced for one request: the new text and ids, plus the totals so far.
-    With ``params.n > 1``, ``samples`` holds all ``n`` (empty when n == 1) and the text and id fields
-    mirror sample 0. ``finish_reason`` (once every sample finished) is cancelled / timed_out / failed
-    when the request was cut short, else that of the sample that finished last. ``usage`` sums over the
-    samples; ``timing`` is per token stream, so only set for n == 1. ``logprobs``: one per id handed out
-    this step, plus a final EOS (``params.logprobs``); ``prompt_logprobs``: the prompt tokens after the
-    first, once, when the prompt is done (``params.prompt_logprobs``; None in every other output)."""
+    """What one step produced for one request: the new text and ids, plus the totals so far. With
+    ``params.n > 1``, ``samples`` holds all ``n`` (else empty) and the text and id fields mirror sample 0.
+    ``finish_reason`` (once every sample finished): cancelled / timed_out / failed when cut short, else that
+    of the sample that finished last. ``usage`` sums over the samples; ``timing`` is per stream (n == 1
+    only). ``logprobs``: one per id handed out this step, plus a final EOS (``params.logprobs``);
+    ``prompt_logprobs``: the prompt tokens after the first, once, when the prompt is done (else None)."""
 
     request_id: str
     delta: str
@@ -203,9 +199,8 @@ class StepOutputs(list):
 
 def accept_token(seq: Sequence, token: int | None, now: float, eos: Collection[int],
                  max_model_len: int) -> tuple[str | None, str]:
-    """Append a sampled token and produce its text. Returns the stop condition it fired (None if none:
-    ``"eos"`` (``token`` is one of the ``eos`` ids), ``"stop"``, ``"length"`` or ``"failed"``) and, for
-    ``"failed"``, why."""
+    """Append a sampled token and produce its text. Returns the stop it fired (None, ``"eos"`` (one of the
+    ``eos`` ids), ``"stop"``, ``"length"`` or ``"failed"``) and, for ``"failed"``, why."""
     if token is None:
         return "failed", "the hard constraints mask every token"
     seq.output_ids.append(token)

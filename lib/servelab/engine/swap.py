@@ -19,6 +19,7 @@ from servelab.engine.sequence import SeqStatus
 from servelab.kv.arithmetic import blocks_for
 
 if TYPE_CHECKING:
+    from servelab.engine.config import EngineConfig
     from servelab.engine.model_runner import KVCache
     from servelab.engine.scheduler import Scheduler, SchedulerOutput
     from servelab.engine.sequence import Sequence
@@ -60,6 +61,13 @@ class HostSwapSpace:
         _, _, blocks = self._data.pop(owner, (None, None, 0))
         self.in_use -= blocks
         return blocks
+
+
+def host_swap_space(config: "EngineConfig", cache: "KVCache", bytes_per_block: int) -> HostSwapSpace | None:
+    """The host swap space ``config.swap_space_bytes`` pays for (``bytes_per_block`` each, all layers, K
+    and V), or None when that is not one block; used only under ``preemption_mode="swap"``."""
+    blocks = config.swap_space_bytes // bytes_per_block
+    return HostSwapSpace(blocks, cache) if blocks else None
 
 
 def swap_out(scheduler: "Scheduler", seq: "Sequence", out: "SchedulerOutput") -> bool:

@@ -1,14 +1,11 @@
 """The step's part of the paged KV block allocator: block tables, free list, refcounts, reservations,
-prefix hits and copy-on-write.
+prefix hits and copy-on-write; ``servelab.kv.allocator.BlockAllocator`` adds what no default step calls.
 
 A fixed pool of ``num_blocks`` physical blocks of ``block_size`` token slots is handed out through
 per-sequence *block tables*; shared blocks carry a refcount; full blocks enter a prefix cache keyed by
-their exact token prefix. :class:`BlockPool` is what one engine step calls; ``servelab.kv.allocator``'s
-``BlockAllocator`` adds what no default step calls (fork, restore, prefix lookup, the read-only interface).
-
-No tensors: it returns block ids and ``BlockCopy`` instructions; the engine moves the bytes and tracks
-how many tokens it has computed. Units are blocks or token slots. Arguments are checked where a table is
-created (``allocate_prompt``, ``reserve``); the per-chunk calls trust their caller, the scheduler.
+their exact token prefix. No tensors: it returns block ids and ``BlockCopy`` instructions; the engine
+moves the bytes and tracks how many tokens it has computed. Units are blocks or token slots. Arguments
+are checked where a table is created (``allocate_prompt``, ``reserve``); per-chunk calls trust the scheduler.
 """
 
 from __future__ import annotations
@@ -82,9 +79,9 @@ class BlockPool:
     computed is the engine's business). *Free* blocks have refcount 0; *cached* free ones still hold a
     registered full block a prefix hit can revive until reused (uncached first, then least recently
     freed). A *reservation* only lowers ``num_available_blocks``: its sequence's allocations consume it
-    first, everyone else's use the unreserved headroom. A full block enters the prefix cache once
-    allocated, or with ``cache_on_compute=True`` (chunked prefill: never hit an unwritten block) once
-    ``mark_computed`` reports it. Every mutating method succeeds completely or raises, changing nothing."""
+    first, everyone else's use the unreserved headroom. A full block enters the prefix cache once allocated,
+    or once ``mark_computed`` reports it with ``cache_on_compute=True`` (chunked prefill: never hit an
+    unwritten block). Every mutating method succeeds completely or raises, changing nothing."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
                  cache_on_compute: bool = False) -> None:
