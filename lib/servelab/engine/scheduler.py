@@ -118,7 +118,7 @@ class SchedulerOutput:
 
 class Scheduler:
     """Continuous batching over the waiting, running and swapped queues. For the queue policies it keeps
-    ``ticks`` (so far; a sequence's ``waited`` counts the ticks since it was queued, preemption not
+    ``ticks`` (run so far; a sequence's ``waited`` counts the ticks since it was queued, preemption not
     resetting it) and ``served`` (tenant -> tokens sampled for its sequences so far)."""
 
     def __init__(self, config: EngineConfig, allocator: BlockAllocator, copy_blocks: CopyBlocks, slots: SlotPool,
