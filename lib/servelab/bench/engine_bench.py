@@ -397,7 +397,7 @@ def format_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: run, print the table, save the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m servelab.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and one repeat (seconds, not minutes)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write the JSON result (default: data/engine_bench_{cpu,cuda}.json)")
