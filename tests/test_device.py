@@ -7,7 +7,7 @@ import torch
 
 from servelab.device import DEVICE_ENV, DTYPE_ENV, describe_device, pick_device
 from servelab.engine import EngineConfig
-from servelab.engine.bench import engine_config, hardware, main
+from servelab.bench.engine_bench import engine_config, hardware, main
 from servelab.device import resolve_device_dtype
 from servelab.model import LlamaConfig, LlamaForCausalLM
 

@@ -41,8 +41,9 @@ def model():
 
 
 def config(**overrides) -> EngineConfig:
-    """Engine settings for tests: fp32 on whatever device the engine picks, so greedy ties stay exact."""
-    return EngineConfig(dtype="float32", **overrides)
+    """Engine settings for tests: fp32 on whatever device the engine picks, so greedy ties stay exact, and
+    tracing on (the last 10,000 steps): many tests read ``engine.trace``."""
+    return EngineConfig(**{"dtype": "float32", "trace_steps": 10_000} | overrides)
 
 
 def make_prompts(seed: int, count: int, shared_prefix: int = 0) -> list[list[int]]:
@@ -643,20 +644,20 @@ def test_n_beyond_the_batch_slots_is_rejected_and_beyond_the_pool_waits(model, t
 
 def test_quick_benchmark_runs_every_section_and_agrees(model, tokenizer, tmp_path):
     pytest.importorskip("transformers")
-    from servelab.engine import bench
+    from servelab.bench import engine_bench
     from servelab.model import save_checkpoint
 
     save_checkpoint(model, tmp_path)
     tokenizer.save(str(tmp_path / "tokenizer.json"))
-    result = bench.run(quick=True, model_dir=str(tmp_path))
+    result = engine_bench.run(quick=True, model_dir=str(tmp_path))
     assert result["batch1"]["outputs_agree"]  # engine, no-cache loop and transformers: same greedy tokens
     assert set(result["targets_met"]) == {"batch1_parity_with_generate", "skewed_2x_generate",
                                           "continuous_1.5x_static"}
     assert set(result["step_cost"]["step_s"]) == {"1", "8", "32"}
     assert all(t > 0 for t in result["step_cost"]["step_s"].values())
-    labels = [label for label, _ in bench.summary_rows(result)]
+    labels = [label for label, _ in engine_bench.summary_rows(result)]
     assert sum(label.startswith("one decode step") for label in labels) == 3
-    assert bench.hardware_line(result) in bench.format_table(result)
+    assert engine_bench.hardware_line(result) in engine_bench.format_table(result)
 
 
 def test_tracing_off_still_reports_admissions_and_the_ledger_stays_bounded(model, tokenizer):

@@ -48,9 +48,10 @@ def smollm2(engine_device):
 
 @pytest.fixture
 def engine(smollm2):
-    """A fresh engine over the loaded model, with other engine settings."""
+    """A fresh engine over the loaded model, with other engine settings (traced: a test reads the trace)."""
     def build(**config) -> LLMEngine:
-        eng = LLMEngine(smollm2.runner.model, smollm2.tokenizer, EngineConfig(num_blocks=64, **config))
+        settings = EngineConfig(num_blocks=64, trace_steps=1000, **config)
+        eng = LLMEngine(smollm2.runner.model, smollm2.tokenizer, settings)
         eng.chat_template = smollm2.chat_template
         return eng
     return build

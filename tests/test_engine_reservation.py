@@ -7,8 +7,9 @@ releases it. Small random-weight models (the fixtures of test_engine) keep it fa
 import pytest
 
 from servelab.engine import EngineConfig, LLMEngine
-from servelab.engine.admission_study import compare_reservation_policies
-from servelab.engine.scheduler import RESERVATION_POLICIES, ReservationPolicy
+from servelab.bench.admission_study import compare_reservation_policies
+from servelab.engine.config import RESERVATION_POLICIES
+from servelab.engine.reservation import reservation_policy
 from servelab.lifecycle import RequestState
 from servelab.sampling import SamplingParams
 
@@ -18,7 +19,7 @@ LONG = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
 
 def test_policy_arithmetic():
-    on_demand, up_front = ReservationPolicy("on-demand", 4, 64), ReservationPolicy("up-front", 4, 64)
+    on_demand, up_front = reservation_policy("on-demand", 4, 64), reservation_policy("up-front", 4, 64)
     assert on_demand.preempts and not up_front.preempts
     assert on_demand.output_blocks(6, 20, 1) == 0
     assert up_front.output_blocks(6, 20, 1) == 7 - 2  # 26 tokens need 7 blocks, the prompt's 6 need 2
@@ -28,7 +29,7 @@ def test_policy_arithmetic():
     assert on_demand.worst_case_blocks(6, 20, 3) == 7
     assert up_front.worst_case_blocks(6, 20, 3) == 2 + 3 * (7 - 2 + 1)
     with pytest.raises(ValueError, match="reservation_policy"):
-        ReservationPolicy("greedy", 4)
+        reservation_policy("greedy", 4)
     with pytest.raises(ValueError, match="reservation_policy"):
         EngineConfig(reservation_policy="lazy")
     assert EngineConfig().reservation_policy == "on-demand" == RESERVATION_POLICIES[0]

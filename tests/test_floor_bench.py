@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from servelab.engine import bench
-from servelab.engine.floor_bench import bench_floor, decode_floor_rows, format_floor, smollm2_random
+from servelab.bench import engine_bench
+from servelab.bench.decode_floor import bench_floor, decode_floor_rows, format_floor, smollm2_random
 from servelab.roofline.measured import Roofline
 from servelab.model import load_checkpoint, load_tokenizer
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
@@ -14,7 +14,7 @@ from servelab.model.pretrained import SMOLLM2_135M_CONFIG
 
 def test_bench_floor_reports_floors_fractions_and_the_baseline():
     model, tokenizer = load_checkpoint(None), load_tokenizer(None)
-    hf = bench.to_transformers(model)
+    hf = engine_bench.to_transformers(model)
     section = bench_floor(model, tokenizer, hf, random.Random(0), (1, 2), 8, 2)
     rows = section["engine"]
     assert [r["batch"] for r in rows] == [1, 2]
@@ -28,7 +28,8 @@ def test_bench_floor_reports_floors_fractions_and_the_baseline():
     gemv = section["gemv_only_batch1"]  # every matrix once: the tied head once, the embedding not again
     assert gemv["bytes"] == 4 * (sum(p.numel() for p in model.parameters()) - sum(
         p.numel() for n, p in model.named_parameters() if "norm" in n))
-    result = {"hardware": bench.hardware(model.lm_head.weight.device, model.lm_head.weight.dtype), "floor": section}
+    weight = model.lm_head.weight
+    result = {"hardware": engine_bench.hardware(weight.device, weight.dtype), "floor": section}
     json.dumps(result)
     assert "of floor" in format_floor(result)
 
@@ -42,7 +43,7 @@ def test_smollm2_random_has_the_real_shape():
 
 def test_threads_flag_only_for_the_named_model():
     with pytest.raises(SystemExit):
-        bench.main(["--threads", "2", "--quick"])
+        engine_bench.main(["--threads", "2", "--quick"])
 
 
 def test_decode_floor_rows_place_each_step_on_the_roofline():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.engine import gpu_check
+from servelab.bench import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from servelab.engine import EngineConfig
-from servelab.engine.scheduler import RESERVATION_POLICIES, ReservationPolicy
+from servelab.engine.config import RESERVATION_POLICIES
+from servelab.engine.reservation import reservation_policy
 from servelab.lifecycle import STATE_TABLE, RequestState
 from servelab.reservation_rules import RULES, default_policy, default_rule, rule_for
 from servelab.viz.lifecycle import state_guard, state_table
@@ -22,7 +23,7 @@ def test_every_policy_has_one_rule_and_the_default_comes_from_the_config():
 @pytest.mark.parametrize("policy", RESERVATION_POLICIES)
 def test_the_words_say_what_the_policy_reserves(policy):
     # output blocks promised at admission for a 20-token prompt asking for 40 more tokens
-    promised = ReservationPolicy(policy, block_size=16).output_blocks(20, 40, samples=1)
+    promised = reservation_policy(policy, block_size=16).output_blocks(20, 40, samples=1)
     words = rule_for(policy)
     assert "uncached prompt" in words
     if promised:

@@ -26,7 +26,8 @@ from typing import Callable, Mapping, Sequence
 
 from servelab._validate import require_int, require_name, require_real
 from servelab.metrics import itl
-from servelab.queue_policy import POLICIES, aging, fair_queuing, fcfs
+from servelab.queue_disciplines import aging, fair_queuing
+from servelab.queue_policy import POLICIES, fcfs
 
 __all__ = [
     "BATCHING_POLICIES",
@@ -106,7 +107,7 @@ def _validate_requests(reqs: object) -> list[Request]:
 
 @dataclass(frozen=True)
 class _Waiting:
-    """A waiting request as the queue policies read it (a ``servelab.queue_policy.Aged`` and
+    """A waiting request as the queue policies read it (a ``servelab.queue_disciplines.Aged`` and
     ``Tenanted``): ``arrival_index`` ranks (arrival tick, place in the workload)."""
 
     name: str

@@ -24,20 +24,23 @@ CHAPTER_MAP_MARKER = "% servelab: chapter module map"
 READING_ORDER_MARKER = "% servelab: engine reading order"
 PACKAGE = "servelab"
 
-# One engine step, file by file in the order a reader meets them: (module, what to read there, why).
+# One default engine step (EngineConfig(), SamplingParams()), file by file in the order a reader meets them:
+# (module, what to read there, why). What a default step does not run lives off this walk: tracing
+# (engine.trace), swapping (engine.swap), the up-front rule (engine.reservation), the n > 1 fork
+# (engine.parallel_sampling), logits processors, grammar masks, truncation filters, logprobs, and the
+# queueing disciplines beyond FCFS (queue_disciplines).
 ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("servelab.engine.engine", ("LLMEngine.step", "LLMEngine._run"), "the step's five phases, in order"),
     ("servelab.engine.scheduler", ("Scheduler.schedule", "ReservationPolicy.admit"),
-     "phase 1: swap-ins, decodes, prefill chunks, admissions and the blocks each one reserves"),
-    ("servelab.queue_policy", ("POLICIES", "rank_waiting"), "the order the waiting queue is served in"),
+     "phase 1: decodes, prefill chunks, admissions under the on-demand rule, preemption by recompute"),
+    ("servelab.queue_policy", ("fcfs", "rank_waiting"), "the order the waiting queue is served in (FCFS)"),
     ("servelab.kv.block_pool", ("BlockPool.allocate_prompt", "BlockPool.append_tokens"),
-     "block tables, prefix hits, copy-on-write"),
+     "block tables, reservations, prefix hits"),
     ("servelab.engine.model_runner", ("ForwardInput.from_chunks", "ModelRunner.execute", "PagedAttention"),
      "phases 2 and 3: the chunks as one flat batch, the forward pass, K/V through block tables"),
     ("servelab.engine.sampler", ("sample_tokens",), "phase 4: one token per sample, batched"),
-    ("servelab.engine.sequence", ("Sequence", "accept_token"),
-     "phase 5 on the per-sample record: stop strings, finish reasons, outputs"),
-    ("servelab.engine.trace", ("StepRecord",), "the step's trace record (tracing is on by default)"),
+    ("servelab.engine.sequence", ("Sequence", "accept_token", "request_output"),
+     "phase 5 on the per-sample record: text, stop strings, finish reasons, outputs"),
 )
 
 

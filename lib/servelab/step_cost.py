@@ -43,7 +43,7 @@ def measure_decode_step(model: LlamaForCausalLM, tokenizer, batch_size: int, con
     blocks_per_seq = -(-(context_tokens + steps + 1) // 16)
     config = EngineConfig(block_size=16, num_blocks=batch_size * blocks_per_seq + 1, max_num_seqs=batch_size,
                           max_num_batched_tokens=max(512, batch_size * context_tokens),
-                          enable_prefix_caching=False)
+                          enable_prefix_caching=False, trace_steps=1)  # the last step's record checks the batch
     engine = LLMEngine(model, tokenizer, config)
     rng = random.Random(seed)
     vocab = model.config.vocab_size

@@ -13,7 +13,7 @@ from servelab._validate import require_int, require_interval, require_real, requ
 from servelab.queue_policy import ENGINE_POLICIES
 
 PREEMPTION_MODES = ("recompute", "swap")
-RESERVATION_POLICIES = ("on-demand", "up-front")  # the rules of servelab.engine.scheduler.ReservationPolicy
+RESERVATION_POLICIES = ("on-demand", "up-front")  # the rules of servelab.engine.reservation.RESERVATIONS
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class EngineConfig:
             and swapped sequences follow the key of ``servelab.queue_policy.running_key``.
         aging_rate: tokens of rank one scheduler tick of waiting earns under ``"sjf-aging"`` (>= 0).
         reservation_policy: the admission rule, a name in :data:`RESERVATION_POLICIES` (see
-            ``servelab.engine.scheduler.ReservationPolicy``): ``"on-demand"`` (reserve the uncached
+            ``servelab.engine.reservation``): ``"on-demand"`` (reserve the uncached
             prompt blocks, grow block by block, preempt under pressure) or ``"up-front"`` (reserve
             prompt + ``max_tokens`` blocks at admission, never preempt).
         max_model_len: context limit in tokens (prompt + output); ``None`` uses the model's
@@ -61,8 +61,8 @@ class EngineConfig:
             (``from_pretrained``: ``pick_device``, i.e. ``SERVELAB_DTYPE``, else bf16 on CUDA, fp32 on CPU).
         seed: seeds the generator that draws a seed for each request that has none.
         trace_steps: tracing: keep a :class:`~servelab.engine.trace.StepRecord` of each of the last
-            ``trace_steps`` steps in ``LLMEngine.trace`` (a ring buffer); 0 turns tracing off and costs
-            nothing per step (what the server runs with).
+            ``trace_steps`` steps in ``LLMEngine.trace`` (a ring buffer). 0, the default, turns tracing off
+            and costs nothing per step; a notebook or test that reads the trace asks for it.
         ledger_size: terminal records kept in ``LLMEngine.ledger`` (a window of the most recent ones; its
             totals stay exact over every request). A new request id is refused while a request with it is
             live or among these last ``ledger_size`` ended ones; older ids are forgotten (memory stays flat).
@@ -85,7 +85,7 @@ class EngineConfig:
     device: str | None = None
     dtype: str | None = None
     seed: int = 0
-    trace_steps: int = 10_000
+    trace_steps: int = 0
     ledger_size: int = 10_000
 
     def __post_init__(self) -> None:

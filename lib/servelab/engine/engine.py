@@ -1,18 +1,11 @@
 """``LLMEngine.step``: one scheduler tick and one forward pass, as five named phases.
 
-**schedule** (a tick of :mod:`~servelab.engine.scheduler`: admissions under the reservation rule,
-preemptions, token budget) -> **prepare inputs** (the tick's chunks as one flat
+**schedule** (:mod:`~servelab.engine.scheduler`) -> **prepare inputs** (the tick's chunks as one flat
 :class:`~servelab.engine.model_runner.ForwardInput`) -> **forward** (logits for the rows that sample) ->
-**sample** (:mod:`~servelab.engine.sampler`) -> **process outputs** (text, stop strings, EOS / length:
-:func:`~servelab.engine.sequence.accept_token`); expired deadlines are ended first and, when tracing is
-on (``EngineConfig.trace_steps``), a :class:`~servelab.engine.trace.StepRecord` is kept last.
-
-Every terminal path (finished, cancelled, timed out, failed) goes through :meth:`LLMEngine._end`: each
-sequence goes back through ``Scheduler.release`` and the request's one terminal record is written to
-:attr:`LLMEngine.ledger`. With ``params.n > 1`` sample 0 prefills the prompt once and is forked into
-the ``n`` samples after its last prompt chunk (shared blocks, copy-on-write). Logprobs are the raw
-log-softmax of rows the pass already computed. The API a caller drives between steps (add, cancel,
-pause / resume, stats, from_pretrained) is :class:`~servelab.engine.control.EngineControls`.
+**sample** (:mod:`~servelab.engine.sampler`) -> **process outputs** (:func:`~servelab.engine.sequence.accept_token`:
+text, stop strings, EOS / length). Every ending (finished, cancelled, timed out, failed) goes through
+:meth:`LLMEngine._end`: ``Scheduler.release`` for each sequence, one terminal record in :attr:`LLMEngine.ledger`.
+The API between steps (add, cancel, pause / resume, stats) is :class:`~servelab.engine.control.EngineControls`.
 
 System boundary: timestamps come from the injected ``clock`` (seconds) at the engine API: arrival is
 ``add_request``, an emit is the end of the step that hands a token to the caller.
@@ -32,7 +25,9 @@ from servelab.engine.config import EngineConfig
 from servelab.engine.control import EngineControls, EngineStats
 from servelab.engine import logprobs, structured
 from servelab.engine.model_runner import ForwardInput, ModelRunner
+from servelab.engine.parallel_sampling import fork_finished_prompts
 from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, EngineRequest, lifecycle_state
+from servelab.engine.reservation import reservation_policy
 from servelab.engine.sampler import SamplingRow, sample_tokens
 from servelab.engine.scheduler import Scheduler, SchedulerOutput
 from servelab.engine.sequence import (RequestOutput, SampleOutput, Sequence, StepOutputs, accept_token,
@@ -62,7 +57,9 @@ class LLMEngine(EngineControls):
         self.allocator = BlockAllocator(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                         cache_on_compute=True)
         self.slots = SlotPool(config.max_num_seqs)
-        self.scheduler = Scheduler(config, self.allocator, self.runner, self.slots, self.max_model_len)
+        reservation = reservation_policy(config.reservation_policy, config.block_size, self.max_model_len)
+        self.scheduler = Scheduler(config, self.allocator, self.runner.cache.copy_blocks, self.slots, reservation,
+                                   self.runner.host_swap)
         self.validator = RequestValidator(tokenizer, model.config.vocab_size, self.max_model_len, config,
                                           self.runner.num_blocks, self.scheduler.reservation)
         self.ledger = Ledger(max_records=config.ledger_size)
@@ -76,25 +73,18 @@ class LLMEngine(EngineControls):
         self._eos = frozenset(model.config.eos_token_ids)  # every id in config.json / generation_config.json
 
     def step(self) -> StepOutputs:
-        """Run one iteration; returns the outputs (deltas) it produced, finished requests included, as a
-        list that also names the requests admitted and counts the sequences preempted this step.
-
-        Phases: schedule -> prepare inputs -> forward -> sample -> process outputs (:meth:`_run`).
-        A step in which nothing happened returns an empty list and leaves no trace record.
-        """
+        """One iteration: end expired deadlines, schedule, phases 2-5 (:meth:`_run`), a trace record if on.
+        Returns its outputs (deltas, finished requests included), the requests admitted, the preemptions."""
         start = self.clock()
-        record = StepRecord(step=self.num_steps, start=start) if self.config.trace_steps else None
         outputs, self._pending = self._pending, []
         outputs += self._expire_deadlines(start)
         sched = self.last_schedule = self.scheduler.schedule()
-        outputs += self._fail_unschedulable() if sched.is_empty else self._run(sched, start, record)
+        outputs += self._fail_unschedulable() if sched.is_empty else self._run(sched, start)
         if sched.is_empty and not (outputs or sched.preempted or sched.swapped_out or sched.swapped_in):
             return StepOutputs(outputs)
+        if self.config.trace_steps:  # tracing is off by default
+            self.trace.append(StepRecord.of_step(self.num_steps, start, self.clock(), sched, outputs, self))
         self.num_steps += 1
-        if record is not None:
-            finished = {o.request_id: o.finish_reason for o in outputs if o.finished}
-            record.close(sched, self.allocator, self.scheduler, finished, self.clock())
-            self.trace.append(record)
         admitted = set(sched.admitted)
         return StepOutputs(outputs, tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks
                                                         if c.seq_id in admitted)),
@@ -102,10 +92,10 @@ class LLMEngine(EngineControls):
 
     # ------------------------------------------------------------------------------------------ the phases
 
-    def _run(self, sched: SchedulerOutput, start: float, record: StepRecord | None) -> list[RequestOutput]:
+    def _run(self, sched: SchedulerOutput, start: float) -> list[RequestOutput]:
         """Phases 2-5 of a non-empty tick. A failing forward pass fails every request in the batch, a
         failing sampler every sampled one; either way through the one terminal path, nothing leaks."""
-        batch = self._prepare_inputs(sched, start, record)
+        batch = self._prepare_inputs(sched, start)
         try:
             logits = self.runner.execute(batch)
         except Exception as exc:
@@ -113,7 +103,11 @@ class LLMEngine(EngineControls):
         for chunk in sched.chunks:  # the KV of every chunk is now in the pool
             self.scheduler.commit(chunk)
         logits, score_logits = logits[:len(batch.sample_indices)], logits[len(batch.sample_indices):]
-        picks = self._fork_finished_prompts([c.seq for c in sched.chunks if c.emits_token])
+        sampled = [c.seq for c in sched.chunks if c.emits_token]
+        if any(seq.samples_to_fork for seq in sampled):  # n > 1: a prompt just computed forks into n samples
+            picks = fork_finished_prompts(self.scheduler, sampled)
+        else:
+            picks = [(seq, row) for row, seq in enumerate(sampled)]  # (sample, its row of the logits)
         try:
             if batch.score_rows:
                 logprobs.score_prompts(batch.score_rows, score_logits)
@@ -122,13 +116,11 @@ class LLMEngine(EngineControls):
             return self._fail([seq for seq, _ in picks], exc)
         return self._process_outputs([seq for seq, _ in picks], tokens)
 
-    def _prepare_inputs(self, sched: SchedulerOutput, start: float, record: StepRecord | None) -> ForwardInput:
-        """Phase 2: the tick's chunks as one flat batch; the trace (when on) records what each computes."""
+    def _prepare_inputs(self, sched: SchedulerOutput, start: float) -> ForwardInput:
+        """Phase 2: the tick's chunks as one flat batch."""
         rows = []
         for chunk in sched.chunks:
             seq = chunk.seq
-            if record is not None:
-                record.add_chunk(chunk, len(seq.prompt_ids))
             if seq.times.first_scheduled is None:
                 seq.times.first_scheduled = start
             rows.append((chunk, seq, self.allocator.block_table(seq.seq_id)))
@@ -139,10 +131,9 @@ class LLMEngine(EngineControls):
         if len(picks) != logits.shape[0]:
             logits = logits[torch.tensor([row for _, row in picks], device=logits.device)]
         seqs = [s for s, _ in picks]
-        constrained = any(s.params.grammar is not None for s in seqs)
-        masks = structured.grammar_masks(seqs, logits.shape[-1]) if constrained else {}
-        tokens = sample_tokens(logits, [SamplingRow(s.params, s.prompt_ids, s.output_ids, s.generator, masks.get(i))
-                                        for i, s in enumerate(seqs)])
+        masks = structured.grammar_masks(seqs, logits.shape[-1])  # {} unless a request has a grammar
+        tokens = sample_tokens(logits, [SamplingRow(s.params, s.prompt_ids, s.output_ids, s.generator,
+                                                    masks.get(i)) for i, s in enumerate(seqs)])
         if masks:
             structured.accept_tokens(seqs, masks, tokens)
         if any(s.params.logprobs is not None for s in seqs):
@@ -167,29 +158,9 @@ class LLMEngine(EngineControls):
                 stops[request].append((seq, reason))
         return [self._finish_stopped(r, stops[r], failures.get(r)) for r in stops]
 
-    def _fork_finished_prompts(self, sampled: list[Sequence]) -> list[tuple[Sequence, int]]:
-        """Fork each request whose prompt just got computed into its ``n`` samples.
-
-        Returns the samples to draw a token for, each with the logits row it draws from: a forked
-        request's samples all read the row of its last prompt position.
-        """
-        picks: list[tuple[Sequence, int]] = []
-        for row, seq in enumerate(sampled):
-            request = seq.request
-            if len(request.seqs) > 1 and not request.forked:
-                siblings = request.seqs[1:]
-                self.scheduler.fork(seq, siblings)
-                for sibling in siblings:
-                    sibling.times.first_scheduled = seq.times.first_scheduled
-                request.forked = True
-                picks += [(s, row) for s in request.seqs]
-            else:
-                picks.append((seq, row))
-        return picks
-
     def _finish_stopped(self, request: EngineRequest, stops: list[tuple[Sequence, str]],
-                  failure: str | None) -> RequestOutput:
-        """This step's output for a request with sampled tokens: finish the text of the samples that stopped, release
+                        failure: str | None) -> RequestOutput:
+        """This step's output for a sampled request: finish the text of the samples that stopped, release
         them early when siblings go on, and end the request once no sample is left."""
         if failure is not None:
             return self._end(request, "failed", detail=failure)
@@ -224,13 +195,9 @@ class LLMEngine(EngineControls):
         return [self._end(r, "failed", detail=repr(exc)) for r in requests]
 
     def _end(self, request: EngineRequest, reason: str, detail: str = "", at: float | None = None) -> RequestOutput:
-        """The one terminal path: finish the text of every unfinished sample with ``reason``, release every sequence
-        through ``Scheduler.release``, write the request's one terminal record, and let go of the sequences
-        (``request.seqs`` is emptied, so the ended request and its sequences are freed as soon as nothing
-        else holds them, not at the next full garbage collection).
-
-        ``at`` is the end time when the caller already read the clock for it.
-        """
+        """The one terminal path: finish every unfinished sample's text with ``reason``, release each sequence
+        (``Scheduler.release``), write the one terminal record, and let go of the sequences so refcounting
+        frees them. ``at``: the end time, when the caller already read the clock."""
         now = self.clock() if at is None else at
         from_state = lifecycle_state(request)
         for seq in request.seqs:
@@ -239,10 +206,10 @@ class LLMEngine(EngineControls):
         request.finish_reason = reason
         released = [self.scheduler.release(seq) for seq in request.seqs]
         self.ledger.append(TerminalRecord(
-            request_id=request.request_id, state=TERMINAL_STATE[reason], reason=f"{reason}: {detail}" if detail else reason,
-            at=now, usage=usage(request.seqs), from_state=from_state, blocks_freed=sum(r.blocks for r in released),
-            reservation_released=sum(r.reservation for r in released), slots_released=sum(r.slots for r in released),
-            swap_released=sum(r.swap for r in released)))
+            request_id=request.request_id, state=TERMINAL_STATE[reason], at=now, from_state=from_state,
+            reason=f"{reason}: {detail}" if detail else reason, usage=usage(request.seqs),
+            blocks_freed=sum(r.blocks for r in released), reservation_released=sum(r.reservation for r in released),
+            slots_released=sum(r.slots for r in released), swap_released=sum(r.swap for r in released)))
         del self._requests[request.request_id]
         output = request_output(request.request_id, request.seqs, reason)
         request.seqs = []  # break the request <-> sequence cycle: refcounting, not the cyclic GC, frees both

@@ -23,8 +23,16 @@ from servelab._validate import require_int, require_interval
 if TYPE_CHECKING:
     from servelab.engine.config import EngineConfig
     from servelab.engine.model_runner import ModelRunner
+    from servelab.model.llama import LlamaConfig
 
-__all__ = ["GpuMemory", "kv_blocks_for_gpu", "measure_cuda_memory", "pool_blocks", "blocks_from_gpu_memory"]
+__all__ = ["GpuMemory", "kv_block_bytes", "kv_blocks_for_gpu", "measure_cuda_memory", "pool_blocks",
+           "blocks_from_gpu_memory"]
+
+
+def kv_block_bytes(model_config: "LlamaConfig", block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one KV block costs across all layers, K and V: ``2 * L * block_size * kv_heads * d * b``."""
+    return (2 * model_config.num_hidden_layers * block_size * model_config.num_key_value_heads
+            * model_config.head_dim * torch.empty((), dtype=dtype).element_size())
 
 
 def kv_blocks_for_gpu(total_bytes: int, utilization: float, used_bytes: int, activation_peak_bytes: int,

@@ -10,15 +10,16 @@ System boundary: logits ``[rows, vocab]`` (any device) in, Python floats out; na
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 if TYPE_CHECKING:
     from servelab.engine.sequence import Sequence
 
-__all__ = ["TokenLogprob", "token_logprobs", "record_sampled", "score_prompts"]
+__all__ = ["TokenLogprob", "SampleLogprobs", "token_logprobs", "record_sampled", "ScoreRow", "score_rows",
+           "score_prompts", "take_logprobs", "take_prompt_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,16 @@ class TokenLogprob:
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
+@dataclass
+class SampleLogprobs:
+    """One sample's logprobs so far and how many were handed out (empty unless its request asks)."""
+
+    generated: list[TokenLogprob] = field(default_factory=list)  # one per generated token
+    sent: int = 0
+    prompt: list[TokenLogprob] = field(default_factory=list)  # prompt token i + 1 at index i
+    prompt_sent: bool = False
 
 
 def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top_k: Sequence[int]) -> list[TokenLogprob]:
@@ -56,14 +67,46 @@ def record_sampled(logits: torch.Tensor, seqs: Sequence["Sequence"], tokens: Seq
     found = token_logprobs(logits[torch.tensor(wanted, device=logits.device)], [tokens[i] for i in wanted],
                            [seqs[i].params.logprobs for i in wanted])
     for i, logprob in zip(wanted, found):
-        seqs[i].logprobs.append(logprob)
+        seqs[i].logprobs.generated.append(logprob)
 
 
-def score_prompts(rows: Sequence[tuple["Sequence", int]], logits: torch.Tensor) -> None:
-    """Store the prompt logprobs of a step's score rows (``(sequence, position)`` each, its row of ``logits``
-    scoring prompt token ``position + 1``); a position scored before (a recomputed prefill) is skipped."""
-    found = token_logprobs(logits, [seq.prompt_ids[p + 1] for seq, p in rows],
-                           [seq.params.prompt_logprobs for seq, _ in rows])
-    for (seq, position), logprob in zip(rows, found):
-        if position == len(seq.prompt_logprobs):
-            seq.prompt_logprobs.append(logprob)
+class ScoreRow(NamedTuple):
+    """A prompt position whose logits score the next prompt token: flat ``index`` in the step's batch."""
+
+    index: int
+    seq: "Sequence"
+    position: int
+
+
+def score_rows(seq: "Sequence", start: int, end: int, offset: int) -> list[ScoreRow]:
+    """The score rows of a chunk computing positions ``[start, end)`` of ``seq`` from flat index ``offset``
+    (the last prompt position is not one: its logits are the sampled row)."""
+    return [ScoreRow(offset + p - start, seq, p) for p in range(start, min(end, len(seq.prompt_ids) - 1))]
+
+
+def score_prompts(rows: Sequence[ScoreRow], logits: torch.Tensor) -> None:
+    """Store the prompt logprobs of a step's score rows (row ``i`` of ``logits`` scoring prompt token
+    ``rows[i].position + 1``); a position scored before (a recomputed prefill) is skipped."""
+    found = token_logprobs(logits, [row.seq.prompt_ids[row.position + 1] for row in rows],
+                           [row.seq.params.prompt_logprobs for row in rows])
+    for (_, seq, position), logprob in zip(rows, found):
+        if position == len(seq.logprobs.prompt):
+            seq.logprobs.prompt.append(logprob)
+
+
+def take_logprobs(seq: "Sequence") -> tuple[TokenLogprob, ...]:
+    """The logprobs of the ids released since the last output, and of a final EOS (never released)."""
+    state = seq.logprobs
+    end = len(state.generated) if seq.finish_reason == "eos" else min(len(seq.emitted_ids), len(state.generated))
+    new = tuple(state.generated[state.sent:end])
+    state.sent = max(state.sent, end)
+    return new
+
+
+def take_prompt_logprobs(seq: "Sequence") -> tuple[TokenLogprob, ...] | None:
+    """The prompt's logprobs once all are computed, handed out once (None before, after, or unasked)."""
+    state = seq.logprobs
+    if seq.params.prompt_logprobs is None or state.prompt_sent or len(state.prompt) < len(seq.prompt_ids) - 1:
+        return None
+    state.prompt_sent = True
+    return tuple(state.prompt)

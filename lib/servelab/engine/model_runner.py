@@ -8,9 +8,8 @@ tokens from many sequences (prefill chunks and decode tokens mixed, :class:`Forw
 :class:`PagedAttention` writes their K/V into their slots, reads each sequence's history back through its
 block table and attends causally. Only the positions whose next token is sampled go through the LM head.
 
-System boundary: token ids and block tables in, float32 logits ``[sampled_rows, vocab]`` out (any device).
-Which blocks a sequence owns is the allocator's decision; :class:`ModelRunner` also moves the pool's
-bytes for the scheduler (copy-on-write; swap through :mod:`servelab.engine.swap`).
+System boundary: token ids and block tables in, float32 logits ``[sampled_rows, vocab]`` out (any device);
+which blocks a sequence owns is the allocator's decision.
 """
 
 from __future__ import annotations
@@ -25,9 +24,10 @@ import torch.nn.functional as F
 from servelab.device import resolve_device_dtype, use_gemv_layout
 from servelab.engine import gpu_memory
 from servelab.engine.config import EngineConfig
+from servelab.engine.logprobs import ScoreRow, score_rows
 from servelab.engine.scheduler import ScheduledChunk
 from servelab.engine.sequence import Sequence
-from servelab.engine.swap import HostSwapSpace
+from servelab.engine.swap import host_swap_space
 from servelab.model.llama import LlamaForCausalLM
 
 
@@ -48,12 +48,6 @@ class KVCache:
         self.layer_v = list(self.v.unbind(0))
         self.layer_k_slots = [k.view(num_kv_heads, -1, head_dim) for k in self.layer_k]  # [kv_heads, slots, d]
         self.layer_v_slots = [v.view(num_kv_heads, -1, head_dim) for v in self.layer_v]
-
-    @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                        dtype: torch.dtype) -> int:
-        """Bytes one block costs across all layers, K and V: ``2 * L * block_size * kv_heads * d * b``."""
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: copy physical block ``src`` into ``dst`` in every layer, for each ``(src, dst)``."""
@@ -78,14 +72,11 @@ class PrefillGroup:
 
 @dataclass
 class AttentionMetadata:
-    """Everything the backend needs for one forward pass, built once and shared by all layers.
-
-    Decode rows (one new token each) are batched into one attention call; each multi-token row (a prefill
-    chunk, or a recompute) gets its own call, so no sequence pays for another one's query length. Keys are
-    cut to the longest context, and masks are left out where every key is visible (same-length decode
-    rows; a chunk that starts at position 0 is plain causal), which lets SDPA pick its fastest kernel.
-    Masks are additive (0 or -inf, in the model's dtype), built once here rather than converted per layer.
-    """
+    """Everything the backend needs for one forward pass, built once and shared by all layers. Decode rows
+    (one new token each) share one attention call; each multi-token row (a prefill chunk, a recompute) gets
+    its own, so no sequence pays for another's query length. Keys are cut to the longest context and masks
+    left out where every key is visible (same-length decode rows; a chunk from position 0 is plain causal),
+    so SDPA can pick its fastest kernel. Masks are additive (0 or -inf, in the model's dtype)."""
 
     slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V is written
     decode_token_index: torch.Tensor  # [num_decode] long: flat index of each decode token
@@ -98,10 +89,8 @@ class AttentionMetadata:
 def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
                    dtype: torch.dtype) -> AttentionMetadata:
     """Metadata for a flat batch made of ``rows``, each ``(start_position, num_new_tokens, block_table)``.
-
     Row ``i``'s tokens occupy the next ``num_new_tokens`` entries of the flat batch, at positions
-    ``start_position ..``; its block table must cover position ``start_position + num_new_tokens - 1``.
-    """
+    ``start_position ..``; its block table must cover position ``start_position + num_new_tokens - 1``."""
     slots: list[int] = []
     decode_index, decode_tables, decode_lens = [], [], []
     prefills: list[PrefillGroup] = []
@@ -140,12 +129,9 @@ def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, devi
 
 
 def _gather(pool: torch.Tensor, tables: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """Read each sequence's history through its block table: ``[S, kv_heads, num_keys, d]``.
-
-    ``pool`` is one layer's ``[kv_heads, num_blocks, block_size, d]``. ``index_select`` over the flattened
-    tables copies the blocks in one pass (several times faster on CPU than advanced indexing
-    ``pool[:, tables]``, which computes the same thing); the result is a view, no second copy.
-    """
+    """Read each sequence's history through its block table: ``[S, kv_heads, num_keys, d]`` from one layer's
+    ``[kv_heads, num_blocks, block_size, d]`` pool. ``index_select`` over the flattened tables copies the
+    blocks in one pass (several times faster on CPU than ``pool[:, tables]``); the result is a view."""
     num_seqs, width = tables.shape
     kv_heads, _, block_size, head_dim = pool.shape
     blocks = pool.index_select(1, tables.reshape(-1))  # [kv_heads, S * width, block_size, d]
@@ -159,10 +145,8 @@ def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class PagedAttention:
     """Attention backend over the paged pool; set :attr:`metadata` before each forward pass.
-
     Called as ``backend(layer, q, k, v)`` with q ``[T, n_heads, d]`` and k/v ``[T, n_kv_heads, d]`` for the
-    ``T`` new tokens of the step (already RoPE-rotated); returns ``[T, n_heads, d]``.
-    """
+    ``T`` new tokens of the step (already RoPE-rotated); returns ``[T, n_heads, d]``."""
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
@@ -192,10 +176,8 @@ class PagedAttention:
     def _attend_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                        meta: AttentionMetadata) -> torch.Tensor:
         """One new token per sequence: q ``[S, H, d]`` -> ``[S, H, d]``.
-
         Grouped-query attention without copying K/V: the ``H / kv_heads`` query heads that share a KV head
-        are laid along the query axis of that head, ``[S, kv_heads, group, d]``, so each KV head is read once.
-        """
+        are laid along the query axis of that head, ``[S, kv_heads, group, d]``, so each KV head is read once."""
         num_seqs, num_heads, head_dim = q.shape
         kv_heads = k_pool.shape[0]
         keys = _gather(k_pool, meta.decode_block_tables, meta.decode_num_keys)
@@ -228,21 +210,16 @@ class ChunkSpan(NamedTuple):
 @dataclass
 class ForwardInput:
     """One forward pass's batch, flattened: every chunk's tokens one after another.
-
     ``token_ids[i]`` sits at absolute position ``positions[i]``; ``spans`` say which block table each
     chunk's tokens use (attention metadata); ``sample_indices`` are the flat indices of the last token
-    of each chunk whose logits are sampled, in chunk order. ``score_indices`` are the flat indices of
-    prompt positions whose logits score the next prompt token (requests with ``prompt_logprobs``), and
-    ``score_rows`` says whose: ``(sequence, position)`` each, the logits at ``position`` scoring prompt
-    token ``position + 1``.
-    """
+    of each chunk whose logits are sampled, in chunk order. ``score_rows``: the prompt positions whose
+    logits score the next prompt token (only for ``prompt_logprobs``, :func:`~servelab.engine.logprobs.score_rows`)."""
 
     token_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     spans: list[ChunkSpan] = field(default_factory=list)
     sample_indices: list[int] = field(default_factory=list)
-    score_indices: list[int] = field(default_factory=list)
-    score_rows: list[tuple[Sequence, int]] = field(default_factory=list)
+    score_rows: list[ScoreRow] = field(default_factory=list)
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[tuple[ScheduledChunk, Sequence, list[int]]]) -> "ForwardInput":
@@ -250,10 +227,8 @@ class ForwardInput:
         batch = cls()
         for chunk, seq, table in chunks:
             end = chunk.start + chunk.num_tokens
-            if seq.params.prompt_logprobs is not None:  # the last prompt position is the sampled row
-                for position in range(chunk.start, min(end, len(seq.prompt_ids) - 1)):
-                    batch.score_indices.append(len(batch.token_ids) + position - chunk.start)
-                    batch.score_rows.append((seq, position))
+            if seq.params.prompt_logprobs is not None:
+                batch.score_rows += score_rows(seq, chunk.start, end, len(batch.token_ids))
             batch.token_ids += seq.tokens_between(chunk.start, end)
             batch.positions += range(chunk.start, end)
             batch.spans.append(ChunkSpan(chunk.start, chunk.num_tokens, table))
@@ -263,12 +238,9 @@ class ForwardInput:
 
 
 class ModelRunner:
-    """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``num_blocks`` blocks.
-
-    The model is moved to the configured device and dtype in place (unset fields keep the model's own), its
-    CPU linear weights stored column-major (:func:`servelab.device.use_gemv_layout`). The pool holds
-    ``config.num_blocks`` blocks, else what :func:`servelab.engine.gpu_memory.pool_blocks` sizes.
-    """
+    """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``config.num_blocks`` blocks (else what
+    :func:`servelab.engine.gpu_memory.pool_blocks` sizes). The model moves to the configured device and dtype
+    in place, its CPU linear weights column-major (:func:`servelab.device.use_gemv_layout`)."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
         self.device, self.dtype = resolve_device_dtype(config, model)
@@ -276,45 +248,24 @@ class ModelRunner:
         use_gemv_layout(self.model)
         cfg = model.config
         self.block_size = config.block_size
-        shape = (cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.bytes_per_block = KVCache.bytes_per_block(*shape, dtype=self.dtype)
+        self.bytes_per_block = gpu_memory.kv_block_bytes(cfg, config.block_size, self.dtype)
         self.num_blocks = config.num_blocks or gpu_memory.pool_blocks(self, config)
         self.cache = KVCache(cfg.num_hidden_layers, self.num_blocks, config.block_size,
                              cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
         self.backend = PagedAttention(self.cache)
-        swap_blocks = config.swap_space_bytes // self.bytes_per_block
-        self.host_swap = HostSwapSpace(swap_blocks) if swap_blocks else None  # used only when swapping
+        self.host_swap = host_swap_space(config, self.cache, self.bytes_per_block)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardInput) -> torch.Tensor:
         """One forward pass over ``batch``. Returns float32 logits ``[len(sample_indices) +
-        len(score_indices), vocab]``: one row per sampled chunk, in chunk order, then the score rows."""
+        len(score_rows), vocab]``: one row per sampled chunk, in chunk order, then the score rows."""
         self.backend.metadata = build_metadata(batch.spans, self.block_size, self.device, self.dtype)
         try:
             hidden = self.model.hidden_states(torch.tensor(batch.token_ids, device=self.device),
                                               torch.tensor(batch.positions, device=self.device), self.backend)
         finally:
             self.backend.metadata = None
-        if batch.score_indices or len(batch.sample_indices) < len(batch.token_ids):  # else: pure decode
-            rows = batch.sample_indices + batch.score_indices
+        if batch.score_rows or len(batch.sample_indices) < len(batch.token_ids):  # else: pure decode
+            rows = batch.sample_indices + [row.index for row in batch.score_rows]
             hidden = hidden[torch.tensor(rows, device=self.device, dtype=torch.long)]
         return self.model.lm_head(hidden).float()
-
-    # ------------------------------------------------------------------------------- KVMover
-
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write: physical block ``src`` -> ``dst`` in every layer."""
-        self.cache.copy_blocks(pairs)
-
-    def swap_out(self, seq_id: str, blocks: list[int]) -> bool:
-        """Copy ``blocks`` (its computed KV, in table order) to host memory; False (nothing copied) when
-        there is no host swap space or it is full."""
-        return self.host_swap is not None and self.host_swap.store(seq_id, self.cache, blocks)
-
-    def swap_in(self, seq_id: str, blocks: list[int]) -> None:
-        """Write the host copy of ``seq_id`` into ``blocks`` (fresh blocks, same order) and free it."""
-        self.host_swap.restore(seq_id, self.cache, blocks)
-
-    def drop_swapped(self, seq_id: str) -> int:
-        """Free the host copy of ``seq_id``, if any (a swapped sequence that ends); returns its blocks."""
-        return 0 if self.host_swap is None else self.host_swap.release(seq_id)

@@ -1,21 +1,14 @@
 """Batched torch sampler: the reference pipeline of ``servelab.sampling`` applied to many rows at once.
 
-Stages, in the order of :func:`servelab.sampling.next_token_distribution`: hard constraints (allowed ids,
-banned sequences, no-repeat n-grams) and logit bias -> penalties (frequency/presence on generated tokens,
-repetition on prompt + output) -> the row's grammar mask (structured outputs, :mod:`servelab.grammar`;
-the reference pipeline has no such stage) -> temperature (``T = 0`` is a separate greedy branch) -> truncation filters
-in each row's ``filter_order`` -> renormalise -> inverse-CDF draw.
+Stages, in the order of :func:`servelab.sampling.next_token_distribution`: hard constraints and logit
+bias -> penalties (both in :mod:`~servelab.engine.logits_processors`) -> the grammar mask
+(:mod:`~servelab.engine.structured`; the reference has no such stage) -> temperature (``T = 0`` is a
+separate greedy branch) -> truncation filters in each row's ``filter_order``
+(:mod:`~servelab.engine.truncation`) -> inverse-CDF draw. A stage runs only when a row asks for it.
 
-Reproducibility: each sampling row (temperature > 0) draws exactly one uniform per step from its own
-request's ``torch.Generator``, so a seeded request's tokens do not depend on which other requests share
-the batch. Greedy rows draw nothing: their token never depends on a uniform. The probability maths runs
-in float64 so that support sets match the numpy reference.
-
-The truncation filters themselves (top-k, top-p, min-p, typical) are in :mod:`servelab.engine.truncation`,
-log-probabilities in :mod:`servelab.engine.logprobs`: neither runs unless a request asks for it.
-
-System boundary: logits ``[rows, vocab]`` in (any device), one token id per row out. Which rows exist and
-what they have generated so far is the engine's business.
+Each sampling row (temperature > 0) draws one uniform per step from its own ``torch.Generator``, so a
+seeded request's tokens do not depend on the batch; greedy rows draw none. The maths is in float64.
+System boundary: logits ``[rows, vocab]`` in (any device), one token id per row out.
 """
 
 from __future__ import annotations
@@ -25,8 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from servelab.engine import structured
+from servelab.engine.logits_processors import process_logits, uses_processors
+from servelab.engine.truncation import apply_filters
 from servelab.sampling.params import SamplingParams
-from servelab.engine.truncation import FILTERS
 
 
 @dataclass
@@ -42,11 +37,9 @@ class SamplingRow:
 
 def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int | None]:
     """Choose one token per row of ``logits`` (``[len(rows), vocab]``).
-
     Returns a Python int per row, or None for a row whose hard constraints mask every token (that
-    request cannot continue; the reference pipeline raises ValueError for it).
-    """
-    if all(_plain_greedy(r.params) and r.grammar_mask is None for r in rows):  # nothing to mask, penalise or sample
+    request cannot continue; the reference pipeline raises ValueError for it)."""
+    if all(_plain_greedy(r.params) and r.grammar_mask is None for r in rows):  # nothing to mask or draw
         return logits.argmax(dim=-1).tolist()
     draws = [float(torch.rand((), generator=r.generator, dtype=torch.float64)) if r.params.temperature > 0
              else 0.0 for r in rows]  # one uniform per sampling row; a greedy row's is never read
@@ -57,9 +50,7 @@ def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int
 
 def _plain_greedy(params: SamplingParams) -> bool:
     """Greedy with no constraint or penalty: the token is the argmax of the raw logits."""
-    return (params.temperature == 0 and params.allowed_token_ids is None and not params.banned_sequences
-            and not params.no_repeat_ngram_size and not params.logit_bias and not params.frequency_penalty
-            and not params.presence_penalty and params.repetition_penalty == 1.0)
+    return params.temperature == 0 and not uses_processors(params)
 
 
 def next_token_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple[torch.Tensor, set[int]]:
@@ -68,13 +59,14 @@ def next_token_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits must be [len(rows), vocab], got shape {tuple(logits.shape)}")
     z = logits.to(torch.float64, copy=True)
-    dead = _apply_hard_constraints(z, rows)
-    z = _apply_penalties(z, rows)
-    dead |= _apply_grammar_masks(z, rows)
+    dead = process_logits(z, rows) if any(uses_processors(r.params) for r in rows) else set()
+    if any(r.grammar_mask is not None for r in rows):
+        dead |= structured.mask_logits(z, rows)
     temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float64, device=z.device)
     greedy = temps == 0
     probs = torch.softmax(z / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
-    probs = _apply_filters(probs, rows)
+    if any(r.params.temperature > 0 and r.params.enabled_filters() for r in rows):
+        probs = apply_filters(probs, rows)
     if greedy.any():
         one_hot = torch.zeros_like(probs)
         one_hot[torch.arange(len(rows), device=z.device), z.argmax(dim=-1)] = 1.0
@@ -89,91 +81,3 @@ def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     ids = torch.arange(probs.shape[-1], device=probs.device)
     last_eligible = torch.where(probs > 0, ids, -1).max(dim=-1).values
     return torch.minimum(index, last_eligible)
-
-
-# ----------------------------------------------------------------------------------------------- stage 1
-
-
-def _apply_hard_constraints(z: torch.Tensor, rows: Sequence[SamplingRow]) -> set[int]:
-    """Mask and bias ``z`` in place; rows left with no finite logit are reset to 0 and returned."""
-    dead = set()
-    for i, row in enumerate(rows):
-        p = row.params
-        if p.allowed_token_ids is not None:
-            keep = torch.zeros(z.shape[-1], dtype=torch.bool, device=z.device)
-            keep[list(p.allowed_token_ids)] = True
-            z[i, ~keep] = -torch.inf
-        banned = _banned_next_tokens(p, list(row.output_ids))
-        if banned:
-            z[i, banned] = -torch.inf
-        for token, offset in p.logit_bias:
-            z[i, token] += offset
-        if not torch.isfinite(z[i]).any():
-            dead.add(i)
-            z[i] = 0.0
-    return dead
-
-
-def _banned_next_tokens(params: SamplingParams, history: list[int]) -> list[int]:
-    """Tokens that would complete a banned sequence or repeat an n-gram of the generated ids."""
-    banned = []
-    for sequence in params.banned_sequences:
-        prefix = list(sequence[:-1])
-        if len(prefix) <= len(history) and history[len(history) - len(prefix):] == prefix:
-            banned.append(sequence[-1])
-    n = params.no_repeat_ngram_size
-    if n > 0 and len(history) >= n - 1:
-        context = history[len(history) - (n - 1):] if n > 1 else []
-        for start in range(len(history) - n + 1):
-            if history[start:start + n - 1] == context:
-                banned.append(history[start + n - 1])
-    return banned
-
-
-# ----------------------------------------------------------------------------------------------- stage 2
-
-
-def _apply_penalties(z: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    for i, row in enumerate(rows):
-        p = row.params
-        if p.frequency_penalty or p.presence_penalty:
-            counts = torch.zeros(z.shape[-1], dtype=torch.float64, device=z.device)
-            if row.output_ids:
-                ids = torch.tensor(list(row.output_ids), device=z.device)
-                counts.index_add_(0, ids, torch.ones(len(ids), dtype=torch.float64, device=z.device))
-            z[i] = z[i] - p.frequency_penalty * counts - p.presence_penalty * (counts > 0)
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted({*row.prompt_ids, *row.output_ids}), dtype=torch.long, device=z.device)
-            if seen.numel():
-                picked = z[i, seen]
-                z[i, seen] = torch.where(picked > 0, picked / p.repetition_penalty,
-                                         picked * p.repetition_penalty)
-    return z
-
-
-def _apply_grammar_masks(z: torch.Tensor, rows: Sequence[SamplingRow]) -> set[int]:
-    """Stage 3 (before temperature): ids a row's grammar forbids get ``-inf``; rows left with nothing
-    are reset to 0 and returned."""
-    dead = set()
-    for i, row in enumerate(rows):
-        if row.grammar_mask is not None:
-            z[i, ~row.grammar_mask.to(z.device)] = -torch.inf
-            if not torch.isfinite(z[i]).any():
-                dead.add(i)
-                z[i] = 0.0
-    return dead
-
-
-# ----------------------------------------------------------------------------------------------- stage 4
-
-
-def _apply_filters(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """Apply each row's enabled filters in its own order; rows sharing a (stage, filter) go together."""
-    orders = [r.params.enabled_filters() if r.params.temperature > 0 else () for r in rows]
-    for stage in range(max((len(o) for o in orders), default=0)):
-        for name, fn in FILTERS.items():
-            picked = [i for i, o in enumerate(orders) if len(o) > stage and o[stage] == name]
-            if picked:
-                index = torch.tensor(picked, device=probs.device)
-                probs[index] = fn(probs[index], [rows[i].params for i in picked])
-    return probs

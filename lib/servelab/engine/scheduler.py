@@ -3,79 +3,56 @@
 A tick decides what the next forward pass computes under three limits: ``max_num_seqs`` batch slots (a
 request with ``n`` samples takes ``n`` from admission), the ``max_num_batched_tokens`` budget shared by
 decode tokens and prefill chunks, and the KV block pool, whose admission rule is a
-:class:`ReservationPolicy`. Order of a tick: swap-ins -> running sequences in policy order (a decode
-token or the next prefill chunk each; those the budget cannot reach are *descheduled*: KV kept) ->
-admissions in policy order, skipped once anything was preempted or is still swapped out. A decode that
-finds no free block preempts the lowest-ranked running sequence (recompute: drop its KV; swap: copy it
-to host memory). A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and keeps what it holds.
+:class:`ReservationPolicy`. A decode that finds no free block preempts the lowest-ranked running
+sequence. A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and keeps what it holds.
+Off the default step: :mod:`~servelab.engine.swap`, :mod:`~servelab.engine.reservation` (the up-front
+rule) and :mod:`~servelab.engine.parallel_sampling` (the fork of ``n > 1`` samples).
 
-System boundary: the scheduler moves block ids and sequences; bytes move through the :class:`KVMover` it
-is given (copy-on-write, swap), always before the blocks involved can be reused. Time is counted in
-ticks (one per :meth:`Scheduler.schedule`), tokens and blocks as named.
+System boundary: the scheduler moves block ids and sequences; KV bytes are copied by the ``copy_blocks``
+function it is given (copy-on-write) and swapped through the host swap space, always before the blocks
+involved can be reused. Time is counted in ticks (one per :meth:`Scheduler.schedule`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar
 
-from servelab.engine.config import RESERVATION_POLICIES, EngineConfig
+from servelab.engine.config import EngineConfig
 from servelab.engine.sequence import Sequence, SeqStatus
-from servelab.engine.swap import swap_in
+from servelab.engine.swap import HostSwapSpace, swap_in, swap_out
 from servelab.kv.allocator import BlockAllocator, BlockCopy, OutOfBlocks
 from servelab.kv.arithmetic import blocks_for
 from servelab.lifecycle import SlotPool
 from servelab.queue_policy import rank_waiting, running_key
 
 
-class KVMover(Protocol):
-    """Moves KV bytes between physical blocks and host memory (implemented by the model runner)."""
-
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None: ...  # physical block src -> dst, now
-    def swap_out(self, seq_id: str, blocks: list[int]) -> bool: ...  # False: host space full, nothing copied
-    def swap_in(self, seq_id: str, blocks: list[int]) -> None: ...  # host copy -> blocks, host space freed
-    def drop_swapped(self, seq_id: str) -> int: ...  # host copy freed; returns its blocks
+CopyBlocks = Callable[[list[tuple[int, int]]], None]
+"""Copies the KV of physical block ``src`` into ``dst`` for each ``(src, dst)``, now (``KVCache.copy_blocks``)."""
 
 
 @dataclass(frozen=True)
 class ReservationPolicy:
-    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised.
+    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised. This
+    class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output grows block
+    by block and a decode that finds the pool empty preempts (``"up-front"``: :mod:`~servelab.engine.reservation`).
+    Two phases: :meth:`admit` reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of
+    it, :meth:`keep_output_promise` leaves the output's promise reserved. Units: blocks of ``block_size``
+    token slots; ``max_model_len`` in tokens (None: no cap)."""
 
-    ``"on-demand"`` (the default, as vLLM) reserves the uncached prompt blocks; the output grows block by
-    block and a decode that finds the pool empty preempts. ``"up-front"`` (as TGI) also reserves the
-    blocks of ``max_tokens`` more tokens per sample (plus a copy-on-write block each when ``n > 1``
-    shares a partial tail), so a running request is never preempted. Two phases: :meth:`admit`
-    reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of it, and
-    :meth:`keep_output_promise` leaves exactly the output's promise reserved. Units: blocks of
-    ``block_size`` token slots; ``max_model_len`` in tokens (None: no cap).
-    """
-
-    name: str
     block_size: int
     max_model_len: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.name not in RESERVATION_POLICIES:
-            raise ValueError(f"reservation_policy must be one of {RESERVATION_POLICIES}, got {self.name!r}")
-
-    @property
-    def preempts(self) -> bool:
-        """Whether running requests may be preempted for KV (only under on-demand growth)."""
-        return self.name == "on-demand"
+    name: ClassVar[str] = "on-demand"
+    preempts: ClassVar[bool] = True  # running requests may be preempted for KV
 
     def output_blocks(self, num_tokens: int, remaining_tokens: int, samples: int) -> int:
-        """Blocks promised for the output beyond those of the ``num_tokens`` already there (0 on demand)."""
-        if self.preempts:
-            return 0
-        final = self._capped(num_tokens + remaining_tokens)
-        cow = 1 if samples > 1 and num_tokens % self.block_size else 0
-        return samples * (blocks_for(final, self.block_size) - blocks_for(num_tokens, self.block_size) + cow)
+        """Blocks promised for the output beyond those of the ``num_tokens`` already there: none."""
+        return 0
 
     def worst_case_blocks(self, prompt_tokens: int, max_tokens: int, samples: int) -> int:
         """Most blocks one request may hold or be promised at once (more than the pool: it never runs)."""
-        if self.preempts:
-            return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
-        return blocks_for(prompt_tokens, self.block_size) + self.output_blocks(prompt_tokens, max_tokens, samples)
+        return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
 
     def admit(self, allocator: BlockAllocator, seq: Sequence) -> bool:
         """Phase 1: reserve the uncached prompt blocks plus the output promise; False (nothing reserved)
@@ -88,14 +65,6 @@ class ReservationPolicy:
         """Phase 2, once the prompt blocks are allocated: keep reserved exactly the output's promise."""
         allocator.release_reservation(seq.seq_id)
         allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots))
-
-    def split_at_fork(self, allocator: BlockAllocator, parent: Sequence, children: list[Sequence]) -> None:
-        """Parallel sampling: the parent's promise (made for all ``n`` samples) is shared out evenly."""
-        total = allocator.release_reservation(parent.seq_id)
-        share = total // (1 + len(children))
-        for child in children:
-            allocator.reserve(child.seq_id, share)
-        allocator.reserve(parent.seq_id, total - share * len(children))
 
     def _capped(self, tokens: int) -> int:
         return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
@@ -137,7 +106,6 @@ class SchedulerOutput:
     swapped_in: list[str] = field(default_factory=list)
     descheduled: list[str] = field(default_factory=list)  # running, KV kept, token budget did not reach it
     paused: list[str] = field(default_factory=list)  # paused by the caller, skipped in whichever queue it is
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) done this tick
 
     @property
     def num_batched_tokens(self) -> int:
@@ -149,19 +117,17 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Continuous batching over the waiting, running and swapped queues.
+    """Continuous batching over the waiting, running and swapped queues. For the queue policies it keeps
+    ``ticks`` (run so far; a sequence's ``waited`` counts the ticks since it was queued, preemption not
+    resetting it) and ``served`` (tenant -> tokens sampled for its sequences so far)."""
 
-    For the queue policies (``EngineConfig.policy``, :mod:`servelab.queue_policy`) it keeps ``ticks``
-    (ticks run so far; a sequence's ``waited`` is the ticks since it was queued, preemption not
-    resetting it) and ``served`` (tenant -> tokens sampled for its sequences so far).
-    """
-
-    def __init__(self, config: EngineConfig, allocator: BlockAllocator, mover: KVMover, slots: SlotPool,
-                 max_model_len: int | None = None) -> None:
+    def __init__(self, config: EngineConfig, allocator: BlockAllocator, copy_blocks: CopyBlocks, slots: SlotPool,
+                 reservation: ReservationPolicy, swap_space: HostSwapSpace | None = None) -> None:
         self.config = config
-        self.reservation = ReservationPolicy(config.reservation_policy, config.block_size, max_model_len)
+        self.reservation = reservation
         self.allocator = allocator
-        self.mover = mover
+        self.copy_blocks = copy_blocks
+        self.swap_space = swap_space  # where preemption by swap puts KV (None: no host swap space)
         self.slots = slots  # batch slots: one per sequence holding device KV (max_num_seqs)
         self.key = running_key(config.policy)  # smaller runs first, is preempted last
         self.waiting: list[Sequence] = []
@@ -186,13 +152,15 @@ class Scheduler:
                  SeqStatus.SWAPPED: self.swapped}[seq.status]
         if seq in queue:  # a sibling that never forked was in no queue
             queue.remove(seq)
-        swap = self.mover.drop_swapped(seq.seq_id) if seq.status is SeqStatus.SWAPPED else 0
+        swap = self.swap_space.release(seq.seq_id) if seq.status is SeqStatus.SWAPPED else 0
         seq.status = SeqStatus.FINISHED
         reservation = self.allocator.release_reservation(seq.seq_id)
         return Released(self.allocator.free(seq.seq_id), reservation, self.slots.release(seq.seq_id), swap)
 
     def schedule(self) -> SchedulerOutput:
-        """Decide the next forward pass; see the module docstring for the order of decisions."""
+        """Decide the next forward pass: swap-ins -> running sequences in policy order (a decode token or
+        the next prefill chunk each; those the budget cannot reach are *descheduled*: KV kept) ->
+        admissions in policy order, skipped once anything was preempted or is still swapped out."""
         self.ticks += 1
         out = SchedulerOutput()
         if self.swapped:
@@ -212,23 +180,6 @@ class Scheduler:
             seq.waited = self.ticks - seq.queued_tick
         self.waiting = rank_waiting(self.config.policy, self.waiting, self.served, self.config.aging_rate)
         return self.waiting
-
-    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
-        """Split ``parent``, whose prompt is computed, into itself plus ``children`` (parallel sampling):
-        each child shares every block of the parent (``BlockAllocator.fork``; a write into the shared
-        partial tail is copied on write), takes its progress, one of its batch slots and a running place."""
-        self.slots.release(parent.seq_id)  # the parent held 1 + len(children) slots since admission
-        for seq in (parent, *children):
-            self.slots.acquire(seq.seq_id)
-        for child in children:
-            self.allocator.fork(parent.seq_id, child.seq_id)
-            child.num_computed = parent.num_computed
-            child.cached_prompt_tokens = parent.cached_prompt_tokens
-            child.paused = parent.paused
-            child.status = SeqStatus.RUNNING
-            self.running.append(child)
-        self.reservation.split_at_fork(self.allocator, parent, children)
-        parent.samples_to_fork = 0
 
     def commit(self, chunk: ScheduledChunk) -> None:
         """The forward pass computed ``chunk``: advance ``num_computed``, let the allocator offer the blocks
@@ -279,7 +230,7 @@ class Scheduler:
                 if victim is seq:
                     return False
                 continue
-            self._execute_copies(copies, out)
+            self._execute_copies(copies)
             return True
 
     def _add_chunk(self, out: SchedulerOutput, seq: Sequence, count: int) -> None:
@@ -293,18 +244,13 @@ class Scheduler:
         otherwise drop it (recompute later)."""
         self.running.remove(seq)
         self.slots.release(seq.seq_id)
-        swapped = (self.config.preemption_mode == "swap" and seq.num_computed > 0 and self.mover.swap_out(
-            seq.seq_id, self.allocator.block_table(seq.seq_id)[:blocks_for(seq.num_computed, self.config.block_size)]))
+        if self.config.preemption_mode == "swap" and swap_out(self, seq, out):
+            return
         self.allocator.free(seq.seq_id)
-        if swapped:
-            seq.status = SeqStatus.SWAPPED
-            self.swapped.append(seq)
-            out.swapped_out.append(seq.seq_id)
-        else:
-            seq.num_computed = 0
-            seq.status = SeqStatus.WAITING
-            self.waiting.append(seq)
-            out.preempted.append(seq.seq_id)
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+        out.preempted.append(seq.seq_id)
 
     # ------------------------------------------------------------------------------- admission
 
@@ -318,10 +264,8 @@ class Scheduler:
 
     def _try_admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
         """Admit ``seq`` and schedule its first chunk; False: no room (slots, blocks or token budget).
-
         Skipping the cached prefix is safe: a block enters the prefix cache only once :meth:`commit`
-        reports it computed, so a block another request is still prefilling is a miss here.
-        """
+        reports it computed, so a block another request is still prefilling is a miss here."""
         tokens = seq.token_ids
         if self.slots.available < seq.batch_slots:
             return False
@@ -331,7 +275,7 @@ class Scheduler:
         if not self.reservation.admit(self.allocator, seq):
             return False
         allocation = self.allocator.allocate_prompt(seq.seq_id, tokens, seq.namespace)  # fits the reservation
-        self._execute_copies(allocation.copies, out)
+        self._execute_copies(allocation.copies)
         self.reservation.keep_output_promise(self.allocator, seq)
         cached = allocation.cached_prompt_tokens
         self.waiting.remove(seq)
@@ -345,8 +289,7 @@ class Scheduler:
         self._add_chunk(out, seq, min(len(tokens) - cached, budget))
         return True
 
-    def _execute_copies(self, copies: tuple[BlockCopy, ...], out: SchedulerOutput) -> None:
+    def _execute_copies(self, copies: tuple[BlockCopy, ...]) -> None:
         """Copy-on-write now: the source may be a free cached block that the next allocation reuses."""
-        pairs = [(c.src, c.dst) for c in copies]
-        self.mover.copy_blocks(pairs)
-        out.copies.extend(pairs)
+        if copies:
+            self.copy_blocks([(c.src, c.dst) for c in copies])

@@ -1,18 +1,12 @@
 """One sample of a request inside the engine: its record, its text, and the step's outputs built from it.
 
-A request with ``n`` samples has ``n`` sequences (``Sequence.request`` points back to it); the scheduler,
-the model runner and output processing read and write the same record. Counts are tokens:
+A request with ``n`` samples has ``n`` sequences (``Sequence.request`` points back to it), shared by the
+scheduler, the model runner and output processing. Counts are tokens: ``num_computed`` leading tokens
+have K/V in the cache; ``emitted_ids`` have reached the caller as text. Phase 5 of a step is
+:func:`accept_token` per sampled token, :func:`finish_text` when a sample ends, :func:`request_output`.
 
-* ``token_ids`` = prompt ids + generated ids so far;
-* ``num_computed`` = leading tokens whose K/V are in the cache; in decode ``num_tokens - 1``;
-* ``cached_prompt_tokens`` = prompt tokens a prefix-cache hit supplied at first admission;
-* ``emitted_ids`` = generated ids whose text has reached the caller (a stop-string prefix waits).
-
-Phase 5 of a step is :func:`accept_token` per sampled token (append, detokenise incrementally, hold back
-a possible stop string, check EOS / stop / length), :func:`finish_text` when a sample ends, and
-:func:`request_output` for the step's :class:`RequestOutput`. System boundary: plain bookkeeping, no
-tensors but the sample's generator; times are the engine clock's seconds. It frees nothing (the engine's
-one terminal path does).
+System boundary: plain bookkeeping, no tensors but the sample's generator; times are the engine clock's
+seconds. It frees nothing (the engine's one terminal path does).
 """
 
 from __future__ import annotations
@@ -25,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from servelab.engine.logprobs import SampleLogprobs, take_logprobs, take_prompt_logprobs
 from servelab.ledger import Usage
 from servelab.metrics import RequestTiming
 from servelab.sampling.params import SamplingParams
@@ -90,11 +85,7 @@ class Sequence:
     committed_at_end: int = 0  # num_computed when it finished (what it held just before release)
     delta: str = ""  # text produced since the last output, not yet handed out
     delta_ids: tuple[int, ...] = ()  # ids released since the last output
-    # logprobs (params.logprobs / params.prompt_logprobs) and the structured-output grammar's state
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token
-    logprobs_sent: int = 0
-    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt token i + 1 at index i
-    prompt_logprobs_sent: bool = False
+    logprobs: SampleLogprobs = field(default_factory=SampleLogprobs)  # params.logprobs / prompt_logprobs
     matcher: object | None = None  # the sample's xgrammar matcher (params.grammar), made at its first step
 
     @property
@@ -133,14 +124,10 @@ class Sequence:
 
 
 class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas, decoding only a short window each time.
-
-    A byte-level tokenizer may split one UTF-8 character over several tokens; until the rest arrives the
-    decoded text ends in U+FFFD, so that tail is held back rather than sent and then contradicted. The
-    window starts at the last token whose text was already returned (``_prefix``): decoding
-    ``ids[_prefix:]`` and dropping the text of ``ids[_prefix:_read]`` gives exactly the new text, at a
-    cost independent of the output length.
-    """
+    """Turns a growing list of token ids into text deltas, decoding only a short window each time. A
+    UTF-8 character split over several tokens decodes to a trailing U+FFFD until the rest arrives: that tail
+    is held back. Decoding ``ids[_prefix:]`` and dropping the text of ``ids[_prefix:_read]`` gives exactly
+    the new text, at a cost independent of the output length."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -176,20 +163,12 @@ class SampleOutput:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """What one step produced for one request: the new text and ids, plus the totals so far.
-
-    With ``params.n > 1`` the request has ``n`` samples: ``samples`` holds all of them (empty when
-    n == 1) and the text and id fields mirror sample 0, so code written for one answer still reads one.
-    ``finished`` is True once every sample has finished; ``finish_reason`` is then the request's:
-    cancelled / timed_out / failed when it was cut short, else that of the sample that finished last.
-    ``usage`` sums the generated, emitted and committed tokens over the samples. ``timing`` is per
-    token stream, so it is only set for n == 1.
-
-    With ``params.logprobs`` set, ``logprobs`` holds one :class:`TokenLogprob` per token id handed out
-    in this step, plus the EOS token's when the sample ends on it (generated, never emitted as text).
-    With ``params.prompt_logprobs`` set, ``prompt_logprobs`` holds the prompt tokens after the first,
-    once, in the output of the step that finished the prompt (None in every other output).
-    """
+    """What one step produced for one request: the new text and ids, plus the totals so far. With
+    ``params.n > 1``, ``samples`` holds all ``n`` (else empty) and the text and id fields mirror sample 0.
+    ``finish_reason`` (once every sample finished): cancelled / timed_out / failed when cut short, else that
+    of the sample that finished last. ``usage`` sums over the samples; ``timing`` is per stream (n == 1
+    only). ``logprobs``: one per id handed out this step, plus a final EOS (``params.logprobs``);
+    ``prompt_logprobs``: the prompt tokens after the first, once, when the prompt is done (else None)."""
 
     request_id: str
     delta: str
@@ -207,10 +186,8 @@ class RequestOutput:
 
 class StepOutputs(list):
     """What one :meth:`~servelab.engine.LLMEngine.step` returns: its :class:`RequestOutput` list, plus
-    ``admitted`` (ids of the requests a tick admitted this step, readmissions included),
-    ``num_preempted`` (sequences preempted this step, by recompute or swap) and ``num_batched_tokens``
-    (tokens the step's forward pass computed): what a server loop needs without reading the engine's
-    inspection fields."""
+    ``admitted`` (ids of the requests admitted this step, readmissions included), ``num_preempted``
+    (by recompute or swap) and ``num_batched_tokens`` (tokens the forward pass computed)."""
 
     def __init__(self, outputs: list[RequestOutput] = (), admitted: tuple[str, ...] = (),
                  num_preempted: int = 0, num_batched_tokens: int = 0) -> None:
@@ -222,9 +199,8 @@ class StepOutputs(list):
 
 def accept_token(seq: Sequence, token: int | None, now: float, eos: Collection[int],
                  max_model_len: int) -> tuple[str | None, str]:
-    """Append a sampled token and produce its text. Returns the stop condition it fired (None if none:
-    ``"eos"`` (``token`` is one of the ``eos`` ids), ``"stop"``, ``"length"`` or ``"failed"``) and, for
-    ``"failed"``, why."""
+    """Append a sampled token and produce its text. Returns the stop it fired (None, ``"eos"`` (one of the
+    ``eos`` ids), ``"stop"``, ``"length"`` or ``"failed"``) and, for ``"failed"``, why."""
     if token is None:
         return "failed", "the hard constraints mask every token"
     seq.output_ids.append(token)
@@ -281,14 +257,14 @@ def request_output(request_id: str, seqs: SequenceOf[Sequence], finish_reason: s
     """The request's output for this step; hands out (and clears) each sample's pending delta."""
     finished = finish_reason is not None
     first = seqs[0]
-    logprobs = [_logprobs_delta(s) for s in seqs]
+    logprobs = [take_logprobs(s) if s.params.logprobs is not None else () for s in seqs]
     samples = tuple(SampleOutput(s.index, s.delta, s.text, s.delta_ids, tuple(s.emitted_ids),
                                  s.finish_reason is not None, s.finish_reason, lp)
                     for s, lp in zip(seqs, logprobs)) if len(seqs) > 1 else ()
     output = RequestOutput(request_id=request_id, delta=first.delta, text=first.text, delta_token_ids=first.delta_ids,
                            token_ids=tuple(first.emitted_ids), finished=finished, finish_reason=finish_reason,
                            usage=usage(seqs), timing=timing(first) if finished and not samples else None,
-                           samples=samples, logprobs=logprobs[0], prompt_logprobs=_prompt_logprobs(first))
+                           samples=samples, logprobs=logprobs[0], prompt_logprobs=take_prompt_logprobs(first))
     for seq in seqs:
         seq.delta, seq.delta_ids = "", ()
     return output
@@ -299,26 +275,10 @@ def usage(seqs: SequenceOf[Sequence]) -> Usage:
     held when it finished)."""
     first = seqs[0]
     return Usage(prompt_tokens=len(first.prompt_ids), cached_prompt_tokens=first.cached_prompt_tokens or 0,
-                 generated_tokens=sum(len(s.output_ids) for s in seqs), emitted_tokens=sum(len(s.emitted_ids) for s in seqs),
+                 generated_tokens=sum(len(s.output_ids) for s in seqs),
+                 emitted_tokens=sum(len(s.emitted_ids) for s in seqs),
                  committed_tokens=sum(s.committed_at_end if s.finish_reason is not None else s.num_computed
                                       for s in seqs))
-
-
-def _logprobs_delta(seq: Sequence) -> tuple[TokenLogprob, ...]:
-    """The logprobs of the ids released since the last output, and of a final EOS (never released)."""
-    end = len(seq.logprobs) if seq.finish_reason == "eos" else min(len(seq.emitted_ids), len(seq.logprobs))
-    new = tuple(seq.logprobs[seq.logprobs_sent:end])
-    seq.logprobs_sent = max(seq.logprobs_sent, end)
-    return new
-
-
-def _prompt_logprobs(seq: Sequence) -> tuple[TokenLogprob, ...] | None:
-    """The prompt's logprobs once all are computed, handed out once."""
-    if (seq.params.prompt_logprobs is None or seq.prompt_logprobs_sent
-            or len(seq.prompt_logprobs) < len(seq.prompt_ids) - 1):
-        return None
-    seq.prompt_logprobs_sent = True
-    return tuple(seq.prompt_logprobs)
 
 
 def timing(seq: Sequence) -> RequestTiming | None:

@@ -17,9 +17,10 @@ import torch
 from servelab import grammar
 
 if TYPE_CHECKING:
+    from servelab.engine.sampler import SamplingRow
     from servelab.engine.sequence import Sequence
 
-__all__ = ["grammar_masks", "accept_tokens"]
+__all__ = ["grammar_masks", "mask_logits", "accept_tokens"]
 
 
 def grammar_masks(seqs: SequenceOf["Sequence"], vocab_size: int) -> dict[int, torch.Tensor]:
@@ -29,6 +30,19 @@ def grammar_masks(seqs: SequenceOf["Sequence"], vocab_size: int) -> dict[int, to
         if seqs[i].matcher is None:
             seqs[i].matcher = grammar.new_matcher(seqs[i].params.grammar)
     return dict(zip(rows, grammar.allowed_masks([seqs[i].matcher for i in rows], vocab_size))) if rows else {}
+
+
+def mask_logits(z: torch.Tensor, rows: SequenceOf["SamplingRow"]) -> set[int]:
+    """The sampler's stage 3 (before temperature), in place on float64 logits ``z`` ``[rows, vocab]``: ids a
+    row's grammar forbids get ``-inf``; rows left with nothing are reset to 0 and returned."""
+    dead = set()
+    for i, row in enumerate(rows):
+        if row.grammar_mask is not None:
+            z[i, ~row.grammar_mask.to(z.device)] = -torch.inf
+            if not torch.isfinite(z[i]).any():
+                dead.add(i)
+                z[i] = 0.0
+    return dead
 
 
 def accept_tokens(seqs: SequenceOf["Sequence"], masks: dict[int, torch.Tensor], tokens: SequenceOf[int | None]) -> None:

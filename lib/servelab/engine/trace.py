@@ -10,8 +10,10 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from servelab.engine.engine import LLMEngine
     from servelab.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-    from servelab.kv.block_pool import BlockPool
+    from servelab.engine.sequence import RequestOutput
+    from servelab.kv.allocator import BlockAllocator
 
 
 @dataclass
@@ -50,6 +52,18 @@ class StepRecord:
         """Tokens in this step's forward pass."""
         return sum(self.prefill_tokens.values()) + sum(self.decode_tokens.values())
 
+    @classmethod
+    def of_step(cls, step: int, start: float, end: float, sched: "SchedulerOutput", outputs: list["RequestOutput"],
+                engine: "LLMEngine") -> "StepRecord":
+        """The record of one step that ran ``sched`` between clock readings ``start`` and ``end`` and
+        produced ``outputs``, with the engine's pool and queues as the step left them."""
+        record = cls(step=step, start=start)
+        for chunk in sched.chunks:
+            record.add_chunk(chunk, len(chunk.seq.prompt_ids))
+        finished = {o.request_id: o.finish_reason for o in outputs if o.finished}
+        record.close(sched, engine.allocator, engine.scheduler, finished, end)
+        return record
+
     def add_chunk(self, chunk: "ScheduledChunk", prompt_len: int) -> None:
         """Count one scheduled chunk as decode (the newest generated token) or prefill (anything that
         (re)fills the cache), with the positions it computes."""
@@ -58,7 +72,7 @@ class StepRecord:
         counts[chunk.seq_id] = chunk.num_tokens
         self.positions[chunk.seq_id] = (chunk.start, chunk.start + chunk.num_tokens)
 
-    def close(self, sched: "SchedulerOutput", allocator: "BlockPool", scheduler: "Scheduler",
+    def close(self, sched: "SchedulerOutput", allocator: "BlockAllocator", scheduler: "Scheduler",
               finished: dict[str, str], end: float) -> None:
         """Copy the tick's decisions, the pool's and queues' state after the step, and the end time."""
         self.admitted, self.preempted = list(sched.admitted), list(sched.preempted)
@@ -66,7 +80,8 @@ class StepRecord:
         self.descheduled, self.paused = list(sched.descheduled), list(sched.paused)
         self.finished = finished
         self.blocks_used, self.blocks_free = allocator.num_used_blocks, allocator.num_free_blocks
-        self.blocks_shared, self.blocks_cached = allocator.num_shared_blocks, allocator.num_cached_free_blocks
+        view = allocator.inspect()
+        self.blocks_shared, self.blocks_cached = view.num_shared_blocks, view.num_cached_free_blocks
         self.num_waiting, self.num_running = len(scheduler.waiting), len(scheduler.running)
         self.num_swapped = len(scheduler.swapped)
         self.end = end

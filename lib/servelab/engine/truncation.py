@@ -10,12 +10,18 @@ System boundary: float64 probability rows ``[rows, vocab]`` in and out, renormal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
 from servelab.sampling.params import SamplingParams
 from servelab.sampling.reference import MASS_TOLERANCE
 
-__all__ = ["FILTERS"]
+if TYPE_CHECKING:
+    from servelab.engine.sampler import SamplingRow
+
+__all__ = ["FILTERS", "apply_filters"]
 
 
 def _param_column(params: list[SamplingParams], name: str, like: torch.Tensor) -> torch.Tensor:
@@ -69,3 +75,15 @@ def _typical(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
 
 
 FILTERS = {"top_k": _top_k, "top_p": _top_p, "min_p": _min_p, "typical": _typical}
+
+
+def apply_filters(probs: torch.Tensor, rows: Sequence["SamplingRow"]) -> torch.Tensor:
+    """Apply each row's enabled filters in its own order; rows sharing a (stage, filter) go together."""
+    orders = [r.params.enabled_filters() if r.params.temperature > 0 else () for r in rows]
+    for stage in range(max((len(o) for o in orders), default=0)):
+        for name, fn in FILTERS.items():
+            picked = [i for i, o in enumerate(orders) if len(o) > stage and o[stage] == name]
+            if picked:
+                index = torch.tensor(picked, device=probs.device)
+                probs[index] = fn(probs[index], [rows[i].params for i in picked])
+    return probs

@@ -23,14 +23,50 @@ class BlockAllocator(BlockPool):
     step's calls): a pool of ``num_blocks`` blocks of ``block_size`` token slots.
 
     >>> alloc = BlockAllocator(num_blocks=8, block_size=4)
-    >>> alloc.allocate_prompt("a", [1, 2, 3, 4, 5, 6])
+    >>> alloc.reserve("a", 3)  # admission: bookkeeping only
+    True
+    >>> alloc.allocate_prompt("a", [1, 2, 3, 4, 5, 6])  # a tick picks it: 2 blocks from the reservation
     PromptAllocation(cached_prompt_tokens=0, copies=())
-    >>> alloc.fork("a", "b")  # the child shares both blocks
+    >>> alloc.append_tokens("a", [7])  # a slot for the next token's KV; fits the tail block
+    ()
+    >>> alloc.lookup_prefix([1, 2, 3, 4, 9])  # its first block is in the prefix cache
+    4
+    >>> alloc.allocate_prompt("b", [1, 2, 3, 4, 9]).cached_prompt_tokens
+    4
+    >>> alloc.inspect().num_shared_blocks, alloc.num_used_blocks, alloc.num_available_blocks
+    (1, 3, 4)
+    >>> alloc.fork("a", "c")  # the child shares both of a's blocks
     >>> alloc.refcount(alloc.block_table("a")[0]), alloc.num_used_blocks
-    (2, 2)
+    (3, 3)
     """
 
+    def lookup_prefix(self, token_ids: Sequence[int], namespace: str = "") -> int:
+        """Prompt tokens a prefix hit would supply (whole blocks, at most ``len(token_ids) - 1``: the last
+        prompt token is computed for the first sample's logits), as ``allocate_prompt`` would report."""
+        matched = self._match(token_ids, namespace)
+        return min(len(matched) * self._block_size, len(token_ids) - 1)
+
     # ------------------------------------------------------------------ read-only interface
+    @property
+    def num_blocks(self) -> int:
+        """Physical blocks in the pool."""
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        """Token slots per block."""
+        return self._block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with refcount 0, including cached ones that a prefix hit could still revive."""
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks with refcount > 0."""
+        return self._num_blocks - len(self._free)
+
     @property
     def enable_prefix_caching(self) -> bool:
         """Whether full blocks are registered and matched in the prefix cache."""
@@ -121,5 +157,8 @@ class BlockAllocator(BlockPool):
         self._ensure_can_take(seq_id, needed)
         table = [self._take_fresh(seq_id) for _ in range(needed)]
         seq = self._seqs[seq_id] = _BlockTable(table, 0, namespace, [] if tokens is not None else None, [])
-        self._fill(seq, tokens if tokens is not None else num_tokens)
+        if tokens is None:
+            seq.num_tokens = num_tokens  # ids unknown: its tail stays None, it feeds no cache
+        else:
+            self._fill(seq, tokens)
         return list(table)

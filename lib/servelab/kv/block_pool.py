@@ -1,15 +1,11 @@
 """The step's part of the paged KV block allocator: block tables, free list, refcounts, reservations,
-prefix hits and copy-on-write.
+prefix hits and copy-on-write; ``servelab.kv.allocator.BlockAllocator`` adds what no default step calls.
 
 A fixed pool of ``num_blocks`` physical blocks of ``block_size`` token slots is handed out through
 per-sequence *block tables*; shared blocks carry a refcount; full blocks enter a prefix cache keyed by
-their exact token prefix. :class:`BlockPool` is what one engine step calls (``allocate_prompt`` at
-admission, ``append_tokens`` per chunk, ``mark_computed``, ``free``); ``servelab.kv.allocator.BlockAllocator``
-adds what no ordinary step calls (fork, restore after a swap, the read-only interface and ``inspect()``).
-
-No tensors: it returns block ids and ``BlockCopy`` instructions; the engine moves the bytes and tracks
-how many tokens it has computed. Units are blocks or token slots. Arguments are checked where a table is
-created (``allocate_prompt``, ``reserve``); the per-chunk calls trust their caller, the scheduler.
+their exact token prefix. No tensors: it returns block ids and ``BlockCopy`` instructions; the engine
+moves the bytes and tracks how many tokens it has computed. Units are blocks or token slots. Arguments
+are checked where a table is created (``allocate_prompt``, ``reserve``); per-chunk calls trust the scheduler.
 """
 
 from __future__ import annotations
@@ -79,27 +75,13 @@ class _PromptPlan:
 
 class BlockPool:
     """Paged KV block manager, the step's part (``BlockAllocator`` is the full class: use that one).
-
     *Allocated slots* (``num_tokens``) have a physical slot in the sequence's block table (how many are
     computed is the engine's business). *Free* blocks have refcount 0; *cached* free ones still hold a
     registered full block a prefix hit can revive until reused (uncached first, then least recently
     freed). A *reservation* only lowers ``num_available_blocks``: its sequence's allocations consume it
-    first, everyone else's use the unreserved headroom. A full block enters the prefix cache once
-    allocated, or with ``cache_on_compute=True`` (chunked prefill: never hit an unwritten block) once
-    ``mark_computed`` reports it. Every mutating method succeeds completely or raises, changing nothing.
-
-    >>> alloc = BlockPool(num_blocks=8, block_size=4)
-    >>> alloc.reserve("a", 3)  # admission: bookkeeping only
-    True
-    >>> alloc.allocate_prompt("a", [1, 2, 3, 4, 5, 6])  # a tick picks it: 2 blocks from the reservation
-    PromptAllocation(cached_prompt_tokens=0, copies=())
-    >>> alloc.append_tokens("a", [7])  # a slot for the next token's KV; fits the tail block
-    ()
-    >>> alloc.allocate_prompt("b", [1, 2, 3, 4, 9]).cached_prompt_tokens  # first block is a prefix hit
-    4
-    >>> alloc.num_shared_blocks, alloc.num_used_blocks, alloc.num_available_blocks
-    (1, 3, 4)
-    """
+    first, everyone else's use the unreserved headroom. A full block enters the prefix cache once allocated,
+    or once ``mark_computed`` reports it with ``cache_on_compute=True`` (chunked prefill: never hit an
+    unwritten block). Every mutating method succeeds completely or raises, changing nothing."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
                  cache_on_compute: bool = False) -> None:
@@ -116,41 +98,11 @@ class BlockPool:
         self._reserved: dict[Hashable, int] = {}
         self._total_reserved = 0
 
-    # ------------------------------------------------------------------ counts
-    @property
-    def num_blocks(self) -> int:
-        """Physical blocks in the pool."""
-        return self._num_blocks
-
-    @property
-    def block_size(self) -> int:
-        """Token slots per block."""
-        return self._block_size
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks with refcount 0, including cached ones that a prefix hit could still revive."""
-        return len(self._free)
-
-    @property
-    def num_used_blocks(self) -> int:
-        """Blocks with refcount > 0."""
-        return self._num_blocks - len(self._free)
-
+    # ------------------------------------------------------------------ what the step reads
     @property
     def num_available_blocks(self) -> int:
         """Free blocks not promised to any reservation: headroom for new reservations or allocations."""
         return len(self._free) - self._total_reserved
-
-    @property
-    def num_shared_blocks(self) -> int:
-        """Blocks with refcount > 1: held by several block tables (a shared prefix or a fork)."""
-        return sum(1 for count in self._refcount if count > 1)
-
-    @property
-    def num_cached_free_blocks(self) -> int:
-        """Free blocks that still hold a registered full block (evictable prefix-cache entries)."""
-        return sum(1 for block in self._key_of if self._refcount[block] == 0)
 
     def block_table(self, seq_id: Hashable) -> list[int]:
         """Copy of the sequence's block table: entry ``i`` is the physical block of logical block ``i``."""
@@ -179,13 +131,7 @@ class BlockPool:
         self._total_reserved -= released
         return released
 
-    # ------------------------------------------------------------------ prefix lookup
-    def lookup_prefix(self, token_ids: Sequence[int], namespace: str = "") -> int:
-        """Prompt tokens a prefix hit would supply (whole blocks, at most ``len(token_ids) - 1``: the last
-        prompt token is computed for the first sample's logits), as ``allocate_prompt`` would report."""
-        matched = self._match(token_ids, namespace)
-        return min(len(matched) * self._block_size, len(token_ids) - 1)
-
+    # ------------------------------------------------------------------ allocation
     def num_blocks_to_allocate(self, token_ids: Sequence[int], namespace: str = "") -> int:
         """Free blocks ``allocate_prompt`` needs (fresh + revived, plus a free cached copy-on-write source
         that must stay unreused until copied): a reservation of this many guarantees it succeeds."""
@@ -193,7 +139,6 @@ class BlockPool:
         held_source = plan.cow_src is not None and self._refcount[plan.cow_src] == 0
         return plan.fresh + len(plan.revived) + (1 if held_source else 0)
 
-    # ------------------------------------------------------------------ allocation
     def allocate_prompt(self, seq_id: Hashable, token_ids: Sequence[int], namespace: str = "") -> PromptAllocation:
         """Create ``seq_id``'s block table with slots for the whole prompt, sharing cached prefix blocks
         (refcount + 1, reviving free ones). ``cached_prompt_tokens`` is capped at ``len(token_ids) - 1``;
@@ -252,10 +197,8 @@ class BlockPool:
 
     def free(self, seq_id: Hashable) -> int:
         """Release ``seq_id``: decref every block of its table (tail first) and drop its reservation.
-
         Returns how many blocks went back to the free list (a shared block only with its last holder).
-        Idempotent: an unknown or already freed ``seq_id`` returns 0.
-        """
+        Idempotent: an unknown or already freed ``seq_id`` returns 0."""
         self.release_reservation(seq_id)
         seq = self._seqs.pop(seq_id, None)
         if seq is None:
@@ -299,9 +242,7 @@ class BlockPool:
 
     def _shortfall(self, seq_id: Hashable, taken: int, exclude: int | None = None) -> int:
         """How many blocks short the pool is for taking ``taken`` blocks off the free list for ``seq_id``.
-
-        ``exclude`` is a free block that must stay on the list (the source of a pending copy).
-        """
+        ``exclude`` is a free block that must stay on the list (the source of a pending copy)."""
         own = self._reserved.get(seq_id, 0)
         headroom_short = max(0, taken - min(taken, own) - self.num_available_blocks)
         usable = len(self._free) - (1 if exclude is not None and self._refcount[exclude] == 0 else 0)
@@ -356,14 +297,10 @@ class BlockPool:
             self._free.move_to_end(block, last=False)  # holds nothing reusable: hand it out first
         return 1
 
-    def _fill(self, seq: _BlockTable, tokens: tuple[int, ...] | int) -> None:
-        """Record tokens written into already-allocated slots; register blocks that became full.
-
-        ``tokens`` is the token ids, or a bare count when the ids are unknown (restore without ids).
-        """
-        seq.num_tokens += tokens if isinstance(tokens, int) else len(tokens)
-        if seq.tail is None or isinstance(tokens, int):
-            seq.tail = None  # ids unknown: this sequence no longer feeds the cache
+    def _fill(self, seq: _BlockTable, tokens: Sequence[int]) -> None:
+        """Record tokens written into already-allocated slots; register blocks that became full."""
+        seq.num_tokens += len(tokens)
+        if seq.tail is None:  # ids unknown (restored without them): this sequence feeds no cache
             return
         pending = seq.tail + list(tokens)
         full = len(pending) // self._block_size * self._block_size
@@ -381,9 +318,7 @@ class BlockPool:
 
     def _publish(self, seq: _BlockTable, upto: int) -> int:
         """Offer full blocks ``[num_published, upto)`` to the prefix cache; returns how many were cached.
-
-        A block is cached only if no other block already holds its key (the first copy stays).
-        """
+        A block is cached only if no other block already holds its key (the first copy stays)."""
         cached = 0
         for i in range(seq.num_published, upto):
             key, block = seq.full_keys[i], seq.table[i]

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from servelab.engine import LLMEngine
 
-    engine = LLMEngine.from_pretrained(args.model_dir, trace_steps=0, **engine_kwargs(args))  # no tracing in service
+    engine = LLMEngine.from_pretrained(args.model_dir, **engine_kwargs(args))  # tracing off (the default)
     name = args.model_name or (args.model_dir.name if args.model_dir else DEFAULT_MODEL_NAME)
     config = ServerConfig(
         model_name=name, api_keys=dict(args.api_key) if args.api_key else None,

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from servelab.engine import LLMEngine
-    from servelab.engine.bench import hardware
+    from servelab.bench.engine_bench import hardware
     from servelab.model.checkpoint import default_model_dir
     from servelab.server import BackgroundServer, ServerConfig
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from servelab._validate import require_int
 from servelab.engine import EngineConfig, LLMEngine
-from servelab.engine.bench import DATA_DIR, hardware
+from servelab.bench.engine_bench import DATA_DIR, hardware
 from servelab.sampling import SamplingParams
 from servelab.server.config import ServerConfig
 from servelab.server.bridge import EngineBridge
@@ -101,7 +101,7 @@ def soak(requests: int = 100_000, concurrency: int = 16, max_tokens: int = 3, en
     require_int("requests", requests, POINTS)
     require_int("concurrency", concurrency, 1, config.max_waiting)  # more would be refused as Overloaded
     require_int("max_tokens", max_tokens, 1)
-    engine = LLMEngine.from_pretrained(trace_steps=0) if engine is None else engine
+    engine = LLMEngine.from_pretrained() if engine is None else engine
     every = requests // POINTS
     points: list[tuple[int, int]] = []
     start = time.perf_counter()
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     result = {"command": "python -m servelab.server.soak " + " ".join(sys.argv[1:] if argv is None else argv),
               "note": args.note, **soak(args.requests, args.concurrency, args.max_tokens,
-                                       LLMEngine.from_pretrained(trace_steps=0, ledger_size=args.ledger_size),
+                                       LLMEngine.from_pretrained(ledger_size=args.ledger_size),
                                        echo=lambda line: print(line, flush=True))}
     hw = result["hardware"]
     print(f"second-half slope: {result['slope_bytes_per_request_second_half']:.1f} bytes/request "

@@ -1,12 +1,12 @@
 """The decode step against this machine's roofline floor, on SmolLM2-135M's shape (the weight-bound regime).
 
-``python -m servelab.engine.bench --model smollm2-135m [--quick] [--threads N] [--out PATH]`` runs
+``python -m servelab.bench --model smollm2-135m [--quick] [--threads N] [--out PATH]`` runs
 :func:`run_smollm2`: a random-weight model with SmolLM2-135M's exact configuration (the speed regime depends
 only on shapes), this machine's roofline (:mod:`servelab.roofline`), then the engine's decode step at batch
 1 and 8 and ``transformers`` ``generate``'s per-token step at batch 1, each set against
 ``max(bytes / bandwidth, FLOPs / peak, ops x overhead)``. "Fraction of floor" is the floor over the measured
 step (1.0 = at the floor). Then 32 requests with skewed output lengths: the engine vs ``generate`` on one
-padded batch (:func:`~servelab.engine.bench.bench_skewed`, without the no-KV-cache loop).
+padded batch (:func:`~servelab.bench.engine_bench.bench_skewed`, without the no-KV-cache loop).
 
 :func:`decode_floor_rows` is the engine part on any model, for the chapters' notebooks.
 
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from servelab.engine.bench import (SMOLLM2_135M, bench_skewed, decoding_engine, hardware, hardware_line,
+from servelab.bench.engine_bench import (SMOLLM2_135M, bench_skewed, decoding_engine, hardware, hardware_line,
                                    random_prompts, to_transformers)
 from servelab.model import load_tokenizer
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM

@@ -19,6 +19,7 @@ measured. System boundary: the engine API; the engine's clock counts steps, wall
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -43,8 +44,9 @@ def compare_reservation_policies(model: LlamaForCausalLM, tokenizer, prompts: Se
     for i, n in enumerate(max_tokens):
         require_int(f"max_tokens[{i}]", n, 1)
     require_int("digits", digits, 0)
-    return {policy: run_policy(model, tokenizer, prompts, max_tokens, replace(config, reservation_policy=policy),
-                               digits) for policy in policies}
+    # every step's trace record is read, however many steps the run takes
+    configs = {policy: replace(config, reservation_policy=policy, trace_steps=sys.maxsize) for policy in policies}
+    return {policy: run_policy(model, tokenizer, prompts, max_tokens, configs[policy], digits) for policy in policies}
 
 
 def run_policy(model: LlamaForCausalLM, tokenizer, prompts: Sequence[str | list[int]], max_tokens: Sequence[int],

@@ -1,9 +1,9 @@
 """The prepared GPU check: one run on one CUDA GPU (at most 8 minutes) writes one JSON of measured figures.
 
-``python -m servelab.engine.gpu_check [--out PATH] [--dry-run]`` (``tools/gpu_check.sh`` calls it):
+``python -m servelab.bench.gpu_check [--out PATH] [--dry-run]`` (``tools/gpu_check.sh`` calls it):
 
 1. the engine's tests on CUDA (``pytest tests/test_engine*.py`` with ``SERVELAB_TEST_DEVICES=cuda``);
-2. the benchmark on CUDA (:mod:`servelab.engine.bench`, the shipped model in the device's dtype): engine vs
+2. the benchmark on CUDA (:mod:`servelab.bench.engine_bench`, the shipped model in the device's dtype): engine vs
    the no-KV-cache loop vs ``transformers`` ``generate`` at batch 1, on the skewed 32-request workload and
    on 64 requests; continuous vs static batching;
 3. the cost of one decode step (``LLMEngine.step``) at several batch sizes, for the shipped model and for
@@ -45,12 +45,12 @@ from pathlib import Path
 import torch
 
 from servelab.device import pick_device
-from servelab.engine import bench
+from servelab.bench import engine_bench
 from servelab.kv import kv_bytes_per_token
 from servelab.model import LlamaForCausalLM, llama_config_from_hf, load_checkpoint, load_tokenizer
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
 
-DEFAULT_OUT = bench.DATA_DIR / "engine_bench_gpu.json"
+DEFAULT_OUT = engine_bench.DATA_DIR / "engine_bench_gpu.json"
 KIND = "servelab-gpu-check"
 
 
@@ -189,7 +189,7 @@ def model_kv_bytes_per_token(model: LlamaForCausalLM) -> int:
 def step_row(model, tokenizer, batch: int, sizes: Sizes, probes: dict, rng: random.Random) -> dict:
     """One decode-step measurement at ``batch`` sequences, with its two floors (seconds)."""
     device = model.lm_head.weight.device
-    engine = bench.decoding_engine(model, tokenizer, batch, sizes.step_context, sizes.timed_steps + 1, rng)
+    engine = engine_bench.decoding_engine(model, tokenizer, batch, sizes.step_context, sizes.timed_steps + 1, rng)
     kernels = count_kernels(engine.step, device)  # one pure decode step, profiled (not timed)
     steps = sizes.timed_steps
     step_s = timed(lambda: [engine.step() for _ in range(steps)], device) / steps
@@ -241,15 +241,15 @@ def run_engine_tests(sizes: Sizes, device: torch.device) -> dict:
 
 
 def run_benchmark(model, tokenizer, sizes: Sizes) -> dict:
-    """The benchmark sections the check repeats on the device (see :mod:`servelab.engine.bench`)."""
+    """The benchmark sections the check repeats on the device (see :mod:`servelab.bench.engine_bench`)."""
     rng = random.Random(0)
-    hf = bench.to_transformers(model)
-    sections = {"batch1": bench.bench_batch1(model, tokenizer, hf, rng, sizes.batch1_tokens, sizes.repeats)}
+    hf = engine_bench.to_transformers(model)
+    sections = {"batch1": engine_bench.bench_batch1(model, tokenizer, hf, rng, sizes.batch1_tokens, sizes.repeats)}
     for count in (32, 64):
-        sections[f"skewed_{count}"] = bench.bench_skewed(model, tokenizer, hf, rng, count, sizes.short, sizes.long,
-                                                         sizes.repeats)
-    sections["continuous_vs_static"] = bench.bench_continuous_vs_static(model, tokenizer, rng, 32, 8, sizes.short,
-                                                                        sizes.long, sizes.repeats)
+        sections[f"skewed_{count}"] = engine_bench.bench_skewed(model, tokenizer, hf, rng, count, sizes.short,
+                                                                sizes.long, sizes.repeats)
+    sections["continuous_vs_static"] = engine_bench.bench_continuous_vs_static(model, tokenizer, rng, 32, 8,
+                                                                               sizes.short, sizes.long, sizes.repeats)
     return sections
 
 
@@ -259,7 +259,7 @@ def run(dry_run: bool = False) -> dict:
     device, dtype = pick_device("cpu" if dry_run else "cuda", "float32" if dry_run else None)
     start = time.perf_counter()
     timings = {}
-    result = {"kind": KIND, "dry_run": dry_run, "hardware": bench.hardware(device, dtype)}
+    result = {"kind": KIND, "dry_run": dry_run, "hardware": engine_bench.hardware(device, dtype)}
     result["engine_tests"] = run_engine_tests(sizes, device)
     timings["engine_tests"] = time.perf_counter() - start
     model = load_checkpoint(device=device, dtype=dtype)

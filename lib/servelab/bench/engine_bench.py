@@ -1,6 +1,6 @@
 """Engine benchmark: side by side in one process, on the same weights.
 
-``python -m servelab.engine.bench [--quick] [--out PATH] [--model DIR] [--device {cpu,cuda}]
+``python -m servelab.bench [--quick] [--out PATH] [--model DIR] [--device {cpu,cuda}]
 [--dtype {float32,bfloat16}]``
 
 Device and dtype follow :func:`servelab.device.pick_device` (CPU + float32 unless a GPU is present, or
@@ -9,7 +9,7 @@ the result records what it really ran on.
 
 ``--model smollm2-135m`` instead measures the weight-bound regime: SmolLM2-135M's shape with random weights,
 its decode step against this machine's roofline floor, reported as a fraction of that floor
-(:mod:`servelab.engine.floor_bench`, 2 threads by default, saved to ``data/engine_bench_cpu_smollm2.json``).
+(:mod:`servelab.bench.decode_floor`, 2 threads by default, saved to ``data/engine_bench_cpu_smollm2.json``).
 
 Sections (every figure is measured here, in this process, one after the other):
 
@@ -60,7 +60,7 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_OUT = DATA_DIR / "engine_bench_cpu.json"
 SMOLLM2_135M = "smollm2-135m"
 """``--model`` name of SmolLM2-135M's shape with random weights (seed 0): the weight-bound regime, no download
-(:mod:`servelab.engine.floor_bench`)."""
+(:mod:`servelab.bench.decode_floor`)."""
 
 
 def default_out(device: torch.device) -> Path:
@@ -263,7 +263,7 @@ def decoding_engine(model: LlamaForCausalLM, tokenizer, batch: int, context: int
     blocks_per_seq = -(-(context + steps + 4) // 16)
     engine = LLMEngine(model, tokenizer, engine_config(model, max_num_seqs=batch, block_size=16,
                                                        num_blocks=batch * blocks_per_seq + 1,
-                                                       max_num_batched_tokens=max(512, context)))
+                                                       max_num_batched_tokens=max(512, context), trace_steps=1))
     for prompt in random_prompts(rng, batch, context, context, model.config.vocab_size):
         engine.add_request(prompt, greedy(steps + 4))
     engine.step()
@@ -397,7 +397,7 @@ def format_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: run, print the table, save the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m servelab.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and one repeat (seconds, not minutes)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write the JSON result (default: data/engine_bench_{cpu,cuda}.json)")
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="weights and KV dtype (default: SERVELAB_DTYPE, else bfloat16 on cuda, float32 on cpu)")
     args = parser.parse_args(argv)
     if args.model == SMOLLM2_135M:
-        from servelab.engine.floor_bench import run_smollm2, format_floor  # it imports this module
+        from servelab.bench.decode_floor import run_smollm2, format_floor  # it imports this module
 
         result = run_smollm2(args.threads or 2, args.quick)
         print(format_floor(result))

@@ -1,0 +1,9 @@
+"""Measurements of the engine, kept apart from the engine itself (nothing here runs in ``LLMEngine.step``).
+
+* :mod:`~servelab.bench.engine_bench` -- the engine benchmark, ``python -m servelab.bench``: the engine vs
+  the no-KV-cache loop vs ``transformers`` ``generate``, batching, prefix cache, chunked prefill, step cost;
+* :mod:`~servelab.bench.decode_floor` -- the decode step against this machine's roofline floor
+  (``python -m servelab.bench --model smollm2-135m``);
+* :mod:`~servelab.bench.gpu_check` -- the prepared GPU check (``bash tools/gpu_check.sh``), one JSON;
+* :mod:`~servelab.bench.admission_study` -- both admission rules (reservation policies) on one workload.
+"""
