@@ -30,7 +30,7 @@ PACKAGE = "servelab"
 # (engine.parallel_sampling), logits processors, grammar masks, truncation filters, logprobs, and the
 # queueing disciplines beyond FCFS (queue_disciplines).
 ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("servelab.engine.engine", ("LLMEngine.step", "LLMEngine._run"), "the step's five phases, in order"),
+    ("servelab.engine.engine", ("EngineCore.step", "EngineCore._run"), "the step's five phases, in order"),
     ("servelab.engine.scheduler", ("Scheduler.schedule", "ReservationPolicy.admit"),
      "phase 1: decodes, prefill chunks, admissions under the on-demand rule, preemption by recompute"),
     ("servelab.queue_policy", ("fcfs", "rank_waiting"), "the order the waiting queue is served in (FCFS)"),

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from servelab._validate import require_int
 from servelab.engine.config import EngineConfig
-from servelab.engine.engine import LLMEngine
+from servelab.engine.llm_engine import LLMEngine
 from servelab.engine.config import RESERVATION_POLICIES
 from servelab.metrics import percentile
 from servelab.model.llama import LlamaForCausalLM

@@ -50,7 +50,7 @@ import torch
 from servelab import prose
 from servelab.device import DTYPES, describe_device, dtype_name, pick_device
 from servelab.engine.config import EngineConfig
-from servelab.engine.engine import LLMEngine
+from servelab.engine.llm_engine import LLMEngine
 from servelab.engine.reference import reference_generate
 from servelab.model import load_checkpoint, load_tokenizer, save_checkpoint
 from servelab.model.llama import LlamaForCausalLM

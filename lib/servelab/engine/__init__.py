@@ -7,7 +7,8 @@ The benchmark, the GPU check and the admission study measure the engine from out
 """
 
 from servelab.engine.config import EngineConfig
-from servelab.engine.engine import FINISH_REASONS, LLMEngine, RequestOutput, SampleOutput, Usage
+from servelab.engine.engine import FINISH_REASONS, RequestOutput, SampleOutput, Usage
+from servelab.engine.llm_engine import LLMEngine
 from servelab.engine.reference import reference_generate
 from servelab.engine.scheduler import ScheduledChunk, SchedulerOutput
 from servelab.engine.trace import StepRecord

@@ -1,11 +1,12 @@
-"""``LLMEngine.step``: one scheduler tick and one forward pass, as five named phases.
+"""``EngineCore.step`` (``LLMEngine.step``): one scheduler tick and one forward pass, as five named phases.
 
 **schedule** (:mod:`~servelab.engine.scheduler`) -> **prepare inputs** (the tick's chunks as one flat
 :class:`~servelab.engine.model_runner.ForwardInput`) -> **forward** (logits for the rows that sample) ->
 **sample** (:mod:`~servelab.engine.sampler`) -> **process outputs** (:func:`~servelab.engine.sequence.accept_token`:
 text, stop strings, EOS / length). Every ending (finished, cancelled, timed out, failed) goes through
-:meth:`LLMEngine._end`: ``Scheduler.release`` for each sequence, one terminal record in :attr:`LLMEngine.ledger`.
-The API between steps (add, cancel, pause / resume, stats) is :class:`~servelab.engine.control.EngineControls`.
+:meth:`EngineCore._end`: ``Scheduler.release`` for each sequence, one terminal record in :attr:`EngineCore.ledger`.
+:class:`EngineCore` owns the engine's state and its step; :class:`~servelab.engine.llm_engine.LLMEngine`, its
+subclass, is the API a caller drives between steps (load, add, cancel, pause / resume, stats).
 
 System boundary: timestamps come from the injected ``clock`` (seconds) at the engine API: arrival is
 ``add_request``, an emit is the end of the step that hands a token to the caller.
@@ -22,7 +23,6 @@ from collections.abc import Callable
 import torch
 
 from servelab.engine.config import EngineConfig
-from servelab.engine.control import EngineControls, EngineStats
 from servelab.engine import logprobs, structured
 from servelab.engine.model_runner import ForwardInput, ModelRunner
 from servelab.engine.parallel_sampling import fork_finished_prompts
@@ -39,11 +39,12 @@ from servelab.ledger import Ledger, TerminalRecord, Usage
 from servelab.lifecycle import SlotPool
 from servelab.model.llama import LlamaForCausalLM
 
-__all__ = ["FINISH_REASONS", "EngineStats", "LLMEngine", "RequestOutput", "SampleOutput", "Usage"]
+__all__ = ["FINISH_REASONS", "EngineCore", "RequestOutput", "SampleOutput", "Usage"]
 
 
-class LLMEngine(EngineControls):
-    """A small continuous-batching engine over a paged KV cache. See the module docstring."""
+class EngineCore:
+    """A small continuous-batching engine over a paged KV cache: its state and its step (see the module
+    docstring). Built through :class:`~servelab.engine.llm_engine.LLMEngine`, which adds the caller's API."""
 
     def __init__(self, model: LlamaForCausalLM, tokenizer, config: EngineConfig | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:

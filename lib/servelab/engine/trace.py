@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from servelab.engine.engine import LLMEngine
+    from servelab.engine.engine import EngineCore
     from servelab.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
     from servelab.engine.sequence import RequestOutput
     from servelab.kv.allocator import BlockAllocator
@@ -54,7 +54,7 @@ class StepRecord:
 
     @classmethod
     def of_step(cls, step: int, start: float, end: float, sched: "SchedulerOutput", outputs: list["RequestOutput"],
-                engine: "LLMEngine") -> "StepRecord":
+                engine: "EngineCore") -> "StepRecord":
         """The record of one step that ran ``sched`` between clock readings ``start`` and ``end`` and
         produced ``outputs``, with the engine's pool and queues as the step left them."""
         record = cls(step=step, start=start)

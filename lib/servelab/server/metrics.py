@@ -42,7 +42,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from servelab.engine.control import EngineStats
+from servelab.engine.llm_engine import EngineStats
 
 __all__ = ["ServerMetrics", "CONTENT_TYPE_LATEST", "LATENCY_BUCKETS_S", "ITERATION_TOKEN_BUCKETS", "FINISHED_REASONS"]
 

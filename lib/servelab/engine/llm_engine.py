@@ -1,9 +1,9 @@
-"""The engine's API between steps: :class:`EngineControls`, the half of ``LLMEngine`` a caller drives
-(load, add, state, stats, cancel, pause / resume, abort), and the two drivers that step an engine
-through that API: :func:`stream` (one request's text) and :func:`generate` (an offline batch).
+""":class:`LLMEngine`: the engine a caller drives between steps (load, add, state, stats, cancel,
+pause / resume, abort) over :class:`~servelab.engine.engine.EngineCore`, which owns the state and the
+step; and the two drivers that step an engine through that API: :func:`stream` (one request's text) and
+:func:`generate` (an offline batch).
 
-None of it runs inside ``LLMEngine.step`` (:mod:`servelab.engine.engine`), which reads the requests these
-methods queue and flag. System boundary: the engine's API; times are the injected clock's seconds.
+None of it runs inside ``EngineCore.step``, which reads the requests these methods queue and flag. System boundary: the engine's API; times are the injected clock's seconds.
 """
 
 from __future__ import annotations
@@ -13,19 +13,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence as SequenceOf
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from servelab.chat_template import ChatTemplate
 from servelab.device import resolve_device_dtype
 from servelab.engine.config import EngineConfig
+from servelab.engine.engine import EngineCore
 from servelab.engine.request import EngineRequest, lifecycle_state, new_request
 from servelab.engine.sequence import RequestOutput
 from servelab.ledger import LedgerTotals
 from servelab.lifecycle import RequestState
 from servelab.sampling.params import SamplingParams
-
-if TYPE_CHECKING:
-    from servelab.engine.engine import LLMEngine
 
 
 @dataclass(frozen=True)
@@ -41,9 +38,9 @@ class EngineStats:
     ended: LedgerTotals
 
 
-class EngineControls:
-    """What a caller does to an :class:`~servelab.engine.LLMEngine` between steps (a base of it: the
-    attributes read here are set by ``LLMEngine.__init__``)."""
+class LLMEngine(EngineCore):
+    """The engine as a caller uses it: what it does between steps. The state read here is
+    :class:`~servelab.engine.engine.EngineCore`'s, set in its ``__init__``."""
 
     chat_template: ChatTemplate | None = None  # the checkpoint's, set by from_pretrained; None: it has none
     # generation_config.json's temperature / top_p / top_k / min_p / repetition_penalty, set by from_pretrained
@@ -52,7 +49,7 @@ class EngineControls:
     @classmethod
     def from_pretrained(cls, path_or_id: str | Path | None = None, *, allow_download: bool = False,
                         device: str | None = None, dtype: str | None = None,
-                        clock: Callable[[], float] = time.perf_counter, **config) -> "LLMEngine":
+                        clock: Callable[[], float] = time.perf_counter, **config) -> LLMEngine:
         """An engine over a Llama checkpoint folder (default: the shipped Shakespeare model) with its
         tokenizer, chat template (:attr:`chat_template`) and default sampling settings
         (:attr:`default_sampling`, from ``generation_config.json``: see :meth:`sampling_params`), or over a Hugging Face Hub id such as
@@ -203,7 +200,7 @@ class EngineControls:
         return request is not None and any(s.seq_id == seq_or_request_id for s in request.seqs)
 
 
-def stream(engine: "LLMEngine", prompt: str | list[int], params: SamplingParams, **kwargs) -> Iterator[str]:
+def stream(engine: LLMEngine, prompt: str | list[int], params: SamplingParams, **kwargs) -> Iterator[str]:
     """Yield the text deltas of one new request as steps produce them.
 
     This drives :meth:`LLMEngine.step` itself: other queued requests advance too, but their outputs are not
@@ -225,7 +222,7 @@ def stream(engine: "LLMEngine", prompt: str | list[int], params: SamplingParams,
             engine.abort(request_id)
 
 
-def generate(engine: "LLMEngine", prompts: SequenceOf[str | list[int]] | str,
+def generate(engine: LLMEngine, prompts: SequenceOf[str | list[int]] | str,
          params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:
     """Offline batch: run all ``prompts`` to completion; returns each one's final output, in order.
 
