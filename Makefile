@@ -67,7 +67,9 @@ test-lib: setup
 # first line into that tag) must reproduce their saved output. Each notebook runs in a pytest process
 # of its own under a hard limit, two at a time (tools/run_nbval.py); a notebook that hangs is killed,
 # named with its cell, and retried once. The run uses the other CPU kernel family and 2 threads
-# (tools/cpu_variant.py): a checked output must not depend on the CPU.
+# (tools/cpu_variant.py): a checked output must not depend on the CPU. A notebook runs up to its last
+# checked cell there (the rest, timing and figures, runs natively in the book build), and every module
+# a notebook imports must be importable on the clean install.
 test-notebooks: setup
 	$(PY) tools/sync_notebooks.py --check
 	$(STAGE) notebooks-clean-install 1800 $(PY) tools/clean_install.py

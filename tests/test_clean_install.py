@@ -35,3 +35,29 @@ def test_the_cpu_variant_changes_the_kernel_family_and_the_threads():
     assert overrides["OMP_NUM_THREADS"] == "2"
     assert overrides["ATEN_CPU_CAPABILITY"].upper() != cpu_variant.native_capability()
     cpu_variant.check_forced({**os.environ, **overrides})
+
+
+def test_a_copy_ends_at_its_last_checked_cell_and_one_without_checked_cells_stays_whole():
+    cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("x"),
+             nbformat.v4.new_markdown_cell("after"), nbformat.v4.new_code_cell("slow_timing()")]
+    cells[1].metadata["tags"] = ["nbval-check-output"]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    clean_install.up_to_last_checked(nb)
+    assert [c.source for c in nb.cells] == ["x = 1", "x"]
+    whole = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("y = 2"), nbformat.v4.new_code_cell("y")])
+    clean_install.up_to_last_checked(whole)
+    assert len(whole.cells) == 2
+
+
+def test_a_top_level_import_the_clean_install_lacks_is_named_and_a_nested_one_is_optional(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("try:\n    from google.colab import output\nexcept ImportError:\n    pass"),
+        nbformat.v4.new_code_cell("%matplotlib inline\nimport json\nfrom servelab.kv import arithmetic"),
+        nbformat.v4.new_code_cell("import no_such_module_here\nfrom no_such_package.sub import x"),
+    ])
+    assert clean_install.top_level_imports(nb) == [(1, "json"), (1, "servelab.kv"), (2, "no_such_module_here"),
+                                                   (2, "no_such_package.sub")]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    missing = clean_install.missing_imports([path], Path(sys.executable), tmp_path, dict(os.environ))
+    assert missing == ["nb.ipynb cell 2 imports no_such_module_here", "nb.ipynb cell 2 imports no_such_package.sub"]

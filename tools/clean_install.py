@@ -8,16 +8,22 @@
 3. Copy the notebooks into a temporary folder outside the checkout and run nbval on each one there,
    in the fresh environment, so an import that only works inside the checkout, a file read by a path
    relative to it, or a module the package does not declare fails its notebook, and every checked
-   output (tag ``nbval-check-output``) must come out as committed. This is the course's one native
-   nbval run: checking the outputs here, rather than in the development venv as well, saves a whole
-   pass over the notebooks. The instructor-only reference solutions (``servelab_instructor``) must not
-   be importable there: the exercise notebooks' public checks run on committed expected values alone.
-   Each notebook runs in a process of its own under a hard limit, two at a time
-   (``tools/run_nbval.py``): one that hangs is killed with its kernel, named with the cell it was
-   running, and retried once. A retry that passes still prints a warning naming that cell.
+   output (tag ``nbval-check-output``) must come out as committed. The instructor-only reference
+   solutions (``servelab_instructor``) must not be importable there: the exercise notebooks' public
+   checks run on committed expected values alone. Each notebook runs in a process of its own under a
+   hard limit, two at a time (``tools/run_nbval.py``): one that hangs is killed with its kernel, named
+   with the cell it was running, and retried once. A retry that passes still prints a warning naming
+   that cell.
 4. The notebooks run under the CPU variant (``tools/cpu_variant.py``): torch's other kernel family and
    two threads, where the committed outputs were executed natively with one. The same pass that checks
    the student's install checks that no checked output depends on the CPU.
+5. A notebook with checked cells runs up to its last one. What comes after is timing and figures that
+   nothing compares (half of §7 is real-model timing, whose regime a scalar kernel family changes:
+   the tiny model's fixed step cost vanishes under torch's ``default`` kernels); the book build runs
+   every cell natively, and its checked cells are compared there too. So that a module the package
+   does not declare still fails here, every module a notebook imports at a cell's top level, in the
+   cells cut off too, must be importable in the fresh venv (:func:`missing_imports`). Imports nested in
+   a ``try`` or an ``if`` are optional by design (Colab's set-up, the transformers comparison).
 
 The package's declared dependencies are installed at the versions ``requirements.txt`` pins (pip's
 ``-c``: a constraint pins a version, it adds no package), so a checked output is compared against the
@@ -33,6 +39,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import os
 import shutil
 import subprocess
@@ -113,6 +121,58 @@ def copy_notebooks(folder: Path) -> list[Path]:
     return paths
 
 
+CHECK_TAG = "nbval-check-output"
+
+
+def up_to_last_checked(nb) -> None:
+    """Cut ``nb`` after its last checked cell (tag ``nbval-check-output``); one without any is kept whole."""
+    checked = [i for i, cell in enumerate(nb.cells) if CHECK_TAG in cell.metadata.get("tags", [])]
+    if checked:
+        nb.cells = nb.cells[:checked[-1] + 1]
+
+
+def top_level_imports(nb) -> list[tuple[int, str]]:
+    """(code-cell index, module) for every ``import`` at the top level of a code cell: ``from a.b import c``
+    gives ``a.b``; imports nested in ``try``, ``if`` or a function are optional and left out."""
+    found = []
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    for index, cell in enumerate(code):
+        lines = [line for line in cell.source.splitlines() if not line.startswith(("%", "!"))]  # magics
+        for node in ast.parse("\n".join(lines)).body:
+            if isinstance(node, ast.Import):
+                found += [(index, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.append((index, node.module))
+    return found
+
+
+FIND_SPECS = """import importlib.util, json, sys
+def absent(module):
+    try:
+        return importlib.util.find_spec(module) is None
+    except ModuleNotFoundError:  # its parent package is missing
+        return True
+print(json.dumps([m for m in json.loads(sys.argv[1]) if absent(m)]))"""
+
+
+def missing_imports(notebooks: list[Path], python: Path, cwd: Path, env: dict[str, str]) -> list[str]:
+    """``NB cell K imports M`` for each top-level import the fresh venv cannot resolve."""
+    wanted = {path: top_level_imports(nbformat.read(path, as_version=4)) for path in notebooks}
+    modules = sorted({module for imports in wanted.values() for _, module in imports})
+    missing = set(json.loads(subprocess.run([str(python), "-c", FIND_SPECS, json.dumps(modules)], cwd=cwd, env=env,
+                                            capture_output=True, text=True, check=True).stdout))
+    return [f"{path.name} cell {index} imports {module}" for path, imports in wanted.items()
+            for index, module in imports if module in missing]
+
+
+def cut_after_checked(notebooks: list[Path]) -> None:
+    """Each notebook at ``notebooks`` cut after its last checked cell, in place (:func:`up_to_last_checked`)."""
+    for path in notebooks:
+        nb = nbformat.read(path, as_version=4)
+        up_to_last_checked(nb)
+        nbformat.write(nb, path)
+
+
 def run_all(folder: Path, python: Path, env: dict[str, str], limit_s: float = NOTEBOOK_LIMIT_S) -> int:
     """nbval on every notebook under ``folder`` with the fresh venv's Python, started in the folder
     above it (outside the checkout); 0 if every notebook passed."""
@@ -148,11 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     base.mkdir(parents=True, exist_ok=True)
     try:
         python = fresh_venv(base / "venv", build_wheel(base / "dist"))
-        copy_notebooks(base / "notebooks")
+        notebooks = copy_notebooks(base / "notebooks")
         env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
         env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
         env["JUPYTER_PATH"] = str(base / "venv" / "share" / "jupyter")  # its kernel before any other
         check_wheel_import(python, base, env)
+        missing = missing_imports(notebooks, python, base, env)
+        if missing:
+            print("modules the notebooks import that the clean install does not have:", *missing, sep="\n  ")
+            return 1
+        cut_after_checked(notebooks)
         variant, overrides = cpu_variant()
         env.update(overrides)
         check_forced(env, python)
