@@ -52,6 +52,8 @@ import nbformat
 from cpu_variant import check_forced, cpu_variant
 from run_nbval import NOTEBOOK_LIMIT_S, Interpreter, run_nbval
 
+from servelab.nbrun import is_checked
+
 ROOT = Path(__file__).resolve().parent.parent
 PINS = ROOT / "requirements.txt"
 TORCH = "torch==2.13.0"
@@ -121,12 +123,9 @@ def copy_notebooks(folder: Path) -> list[Path]:
     return paths
 
 
-CHECK_TAG = "nbval-check-output"
-
-
 def up_to_last_checked(nb) -> None:
     """Cut ``nb`` after its last checked cell (tag ``nbval-check-output``); one without any is kept whole."""
-    checked = [i for i, cell in enumerate(nb.cells) if CHECK_TAG in cell.metadata.get("tags", [])]
+    checked = [i for i, cell in enumerate(nb.cells) if is_checked(cell)]
     if checked:
         nb.cells = nb.cells[:checked[-1] + 1]
 

@@ -323,7 +323,6 @@ def execute_with_deadline(nb, cwd, timeout, allow_errors, meta_override=True, **
     return ExecutionResult(nb, cwd, run.seconds, err, text)
 
 
-CHECK_TAG = "nbval-check-output"
 SANITIZE = Path(__file__).resolve().parents[2] / "notebooks" / "sanitize.cfg"
 NOT_COMPARED = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
                 "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
@@ -341,16 +340,18 @@ def _compared(outputs: list, patterns: list[tuple[str, str]]) -> dict[str, list]
 
     from nbval.plugin import coalesce_streams, transform_streams_for_comparison
 
+    def sanitized(value):
+        for regex, replace in patterns if isinstance(value, str) else ():
+            value = re.sub(regex, replace, value)
+        return value
+
     printed = [o for o in copy.deepcopy(outputs) if not any(k in o.get("data", {}) for k in RICH)]
     fields: dict[str, list] = {}
     for output in transform_streams_for_comparison(coalesce_streams(printed)):
-        items = [(k, v) for key, value in output.items() if key not in NOT_COMPARED
-                 for k, v in (value.items() if key == "data" else [(key, value)])]
-        for key, value in items:
-            if key not in NOT_COMPARED:
-                for regex, replace in patterns if isinstance(value, str) else []:
-                    value = re.sub(regex, replace, value)
-                fields.setdefault(key, []).append(value)
+        for key, value in output.items():
+            for field, item in value.items() if key == "data" else [(key, value)]:  # data's mime types flattened
+                if key not in NOT_COMPARED and field not in NOT_COMPARED:
+                    fields.setdefault(field, []).append(sanitized(item))
     return fields
 
 
@@ -359,12 +360,14 @@ def checked_output_differences(saved, executed) -> list[str]:
     from the committed ones (``saved``), compared by nbval's rules and ``notebooks/sanitize.cfg``."""
     from nbval.plugin import get_sanitize_patterns
 
+    from servelab.nbrun import is_checked
+
     patterns = get_sanitize_patterns(SANITIZE.read_text())
     saved_code = [c for c in saved.cells if c.cell_type == "code"]
     fresh_code = [c for c in executed.cells if c.cell_type == "code"]
     found = []
     for index, (old, new) in enumerate(zip(saved_code, fresh_code)):
-        if CHECK_TAG not in old.metadata.get("tags", []):
+        if not is_checked(old):
             continue
         want, got = _compared(old.get("outputs", []), patterns), _compared(new.get("outputs", []), patterns)
         if want != got:

@@ -29,7 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CommandRun", "NotebookRun", "kill_tree", "run_command", "run_notebook", "slowest_first"]
+__all__ = ["CommandRun", "NotebookRun", "kill_tree", "run_command", "run_notebook", "slowest_first",
+           "CHECK_TAG", "is_checked"]
 
 # --------------------------------------------------------------------------------------------------
 # A process tree under a deadline
@@ -196,6 +197,16 @@ def run_notebook(notebook: Path | object, *, limit_s: float, cwd: Path, name: st
     else:
         error, cell, line = None, None, ""
     return NotebookRun(name, done.seconds, done.timed_out, error, cell, line, executed)
+
+
+CHECK_TAG = "nbval-check-output"
+"""The tag of a cell whose saved output a fresh run must reproduce (``tools/sync_notebooks.py`` turns a
+``# NBVAL_CHECK_OUTPUT`` first line into it)."""
+
+
+def is_checked(cell) -> bool:
+    """Whether a fresh run of this notebook cell must reproduce its saved output."""
+    return cell.get("cell_type") == "code" and CHECK_TAG in cell.get("metadata", {}).get("tags", [])
 
 
 REAL_MODEL = "smollm2"
