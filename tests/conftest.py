@@ -47,9 +47,9 @@ def engine_device(request: pytest.FixtureRequest):
         yield request.param
 
 
-# Test files that mostly wait (notebooks hanging until a limit kills them) start first, so that one
-# pytest worker waits on them while the others run the rest and the workers end together.
-WAIT_FIRST = ("test_nbval_hangs.py", "test_nbrun.py")
+# The test file that mostly waits (notebooks hanging until nbval's limit kills them) starts first, so
+# that one pytest worker waits on it while the other runs the rest and the two end together.
+WAIT_FIRST = ("test_nbval_hangs.py",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,7 +3,7 @@ hangs is killed at its limit, named with its cell and retried once; a retry that
 
 These tests wait out real limits (the hanging notebooks sleep until killed), so they sit in a file of
 their own and the test run starts them first (tests/conftest.py): a pytest worker waits here while the
-others run the rest.
+other runs the rest.
 """
 
 from __future__ import annotations
