@@ -1,0 +1,120 @@
+"""The course's timing discipline: A against B, interleaved, with a noise band and an honest verdict.
+
+On a shared machine one timing means little: another process, a frequency change or the allocator
+growing can move it by tens of percent. So every speed claim in the course is a comparison made here:
+
+* **warm-up excluded**: each side runs ``warmup`` times first (lazy imports, allocator growth, caches);
+  those calls are not timed. A cold start is a phase of its own and is measured as one elsewhere;
+* **interleaved**: repetition ``i`` of A and of B run back to back (the order alternates), so a burst
+  of other load hits both sides of a pair;
+* **paired ratios**: each pair gives ``t_A / t_B`` (above 1: B took less time). The reported ratio is
+  their median, and the band is a seeded bootstrap interval of that median (95 % by default);
+* **verdict**: "faster" or "slower" only when the whole band is on one side of 1; otherwise
+  "no measurable difference". Prose reads the verdict from here, never from the ratio alone.
+
+System boundary: this process, wall-clock seconds (:func:`time.perf_counter`) unless a clock is given.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+NO_DIFFERENCE = "no measurable difference"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One side's timed repeats in seconds: the median and the interquartile range."""
+
+    samples: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def quartiles(self) -> tuple[float, float]:
+        """(25th, 75th) percentile in seconds."""
+        q1, _, q3 = statistics.quantiles(self.samples, n=4, method="inclusive")
+        return q1, q3
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A against B: paired ratios ``t_A / t_B`` with their median and a bootstrap band."""
+
+    a: Timing
+    b: Timing
+    ratio: float
+    band: tuple[float, float]
+
+    @property
+    def verdict(self) -> str:
+        """B compared with A: "faster", "slower" or "no measurable difference" (band spans 1)."""
+        low, high = self.band
+        if low > 1.0:
+            return "faster"
+        if high < 1.0:
+            return "slower"
+        return NO_DIFFERENCE
+
+    def describe(self, a_name: str, b_name: str) -> str:
+        """One sentence for the prose, e.g. "B is 1.52x faster than A (band 1.45-1.60x)"."""
+        low, high = self.band
+        band = f"band {low:.2f}–{high:.2f}×"
+        if self.verdict == NO_DIFFERENCE:
+            return f"{b_name} vs {a_name}: {NO_DIFFERENCE} ({self.ratio:.2f}×, {band})"
+        size = self.ratio if self.verdict == "faster" else 1 / self.ratio
+        return f"{b_name} is {size:.2f}× {self.verdict} than {a_name} ({band})"
+
+
+def bootstrap_median_band(values: list[float], confidence: float = 0.95, resamples: int = 2000,
+                          seed: int = 0) -> tuple[float, float]:
+    """A seeded percentile-bootstrap interval of the median of ``values``."""
+    if not values:
+        raise ValueError("values must hold at least one number")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values)))
+                     for _ in range(resamples))
+    tail = (1.0 - confidence) / 2
+    return medians[int(tail * (resamples - 1))], medians[int((1 - tail) * (resamples - 1))]
+
+
+def compare_ratios(a: list[float], b: list[float], confidence: float = 0.95) -> Comparison:
+    """The comparison of paired timings ``a[i]``, ``b[i]`` (seconds, measured interleaved)."""
+    if len(a) != len(b) or len(a) < 3:
+        raise ValueError(f"a and b must be paired and hold at least 3 repeats, got {len(a)} and {len(b)}")
+    if min(a) <= 0 or min(b) <= 0:
+        raise ValueError("timings must be positive seconds")
+    ratios = [ta / tb for ta, tb in zip(a, b)]
+    return Comparison(Timing(tuple(a)), Timing(tuple(b)), statistics.median(ratios),
+                      bootstrap_median_band(ratios, confidence))
+
+
+def compare(run_a: Callable[[], object], run_b: Callable[[], object], repeats: int = 15,
+            warmup: int = 1, clock: Callable[[], float] = time.perf_counter) -> Comparison:
+    """Time ``run_a`` and ``run_b`` interleaved, ``repeats`` pairs after ``warmup`` untimed calls each.
+
+    The order within a pair alternates (AB, BA, AB, ...), so neither side always runs second."""
+    if repeats < 3:
+        raise ValueError(f"repeats must be at least 3, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    for _ in range(warmup):
+        run_a()
+        run_b()
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(repeats):
+        order = ((run_a, a), (run_b, b)) if i % 2 == 0 else ((run_b, b), (run_a, a))
+        for run, times in order:
+            start = clock()
+            run()
+            times.append(clock() - start)
+    return compare_ratios(a, b)
