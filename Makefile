@@ -80,9 +80,12 @@ test-notebooks: setup
 nbval-dev: setup
 	$(PY) tools/run_nbval.py notebooks/*.ipynb notebooks/*/*.ipynb
 
-# JupyterLab on the notebooks, in the project's venv (for students working locally).
+# JupyterLab on the notebooks, in the project's venv (for students working locally). As root (a
+# container's default user) it adds --allow-root, and without a browser on the machine --no-browser;
+# it prints the URL with its token. LAB_ARGS adds flags (e.g. `make lab LAB_ARGS="--port 8899"`).
+LAB_ARGS ?=
 lab: setup
-	$(VENV)/bin/jupyter-lab notebooks
+	@$(PY) tools/lab.py $(LAB_ARGS)
 
 # Debian's chromium for the browser test, and a CJK font so the Chinese cheat sheet's screenshot is legible.
 browser-deps:
@@ -98,8 +101,10 @@ test-browser: setup browser-deps
 test-stages: setup checks test-lib test-notebooks book-strict test-browser
 
 test:
-	@rm -f $(STAGE_LOG)
+	@rm -rf $(STAGE_LOG) $(STAGE_LOG).causes $(STAGE_LOG).d
 	@$(MAKE) --no-print-directory test-stages; status=$$?; \
+	  if [ -s $(STAGE_LOG).causes ]; then echo "== why: what each failed stage names"; \
+	    cat $(STAGE_LOG).causes; fi; \
 	  echo "== make test stages, slowest first (seconds, stage, exit status):"; \
 	  sort -rn $(STAGE_LOG) 2>/dev/null | sed 's/^/   /'; \
 	  awk -F'\t' '{ if ($$3 == 0) ok++; else bad++ } END { printf "stages: %d passed, %d failed\n", ok, bad }' \

@@ -28,15 +28,6 @@ def test_glue_records_leave_the_saved_outputs_and_everything_else_stays():
     nbformat.validate(nb)
 
 
-def test_the_cpu_variant_changes_the_kernel_family_and_the_threads():
-    import cpu_variant
-
-    name, overrides = cpu_variant.cpu_variant()
-    assert overrides["OMP_NUM_THREADS"] == "2"
-    assert overrides["ATEN_CPU_CAPABILITY"].upper() != cpu_variant.native_capability()
-    cpu_variant.check_forced({**os.environ, **overrides})
-
-
 def test_a_copy_ends_at_its_last_checked_cell_and_one_without_checked_cells_stays_whole():
     cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("x"),
              nbformat.v4.new_markdown_cell("after"), nbformat.v4.new_code_cell("slow_timing()")]

@@ -21,6 +21,24 @@ from servelab.sampling import SamplingParams
 
 torch.set_num_threads(1)
 
+
+def bf16_attention_refusal() -> str:
+    """'' if this CPU's torch runs bfloat16 attention as the paged runner calls it (a causal
+    grouped-query prefill and a masked decode batch), else the error it raised."""
+    q, k = torch.randn(1, 4, 6, 16).bfloat16(), torch.randn(1, 2, 6, 16).bfloat16()
+    try:
+        torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
+        torch.nn.functional.scaled_dot_product_attention(
+            q[:, :2, :1], k, k, attn_mask=torch.ones(1, 1, 1, 6, dtype=torch.bool))
+    except RuntimeError as error:
+        return str(error).splitlines()[0]
+    return ""
+
+
+REFUSAL = bf16_attention_refusal()
+pytestmark = pytest.mark.skipif(bool(REFUSAL), reason=f"torch cannot run bfloat16 attention on this "
+                                                      f"CPU: {REFUSAL}")
+
 VOCAB = 300
 TEXT = "Now is the winter of our discontent\nMade glorious summer by this sun of York;\n" * 20
 PROMPTS = [[5, 17, 42, 99, 3], [250, 8], list(range(20, 47)), [7] * 9]
@@ -64,6 +82,8 @@ def test_bf16_model_logits_close_to_fp32(fp32_model, engine_device):
 
 
 def test_bf16_engine_greedy_matches_bf16_full_recompute(fp32_model, tokenizer, engine_device):
+    """bf16 attention through PagedAttention on both paths: the prompts' prefill (several tokens per
+    chunk, causal) and the batched decode steps after it."""
     model = bf16_copy(fp32_model, engine_device)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     engine = LLMEngine(model, tokenizer, EngineConfig(dtype="bfloat16", block_size=4, num_blocks=64))

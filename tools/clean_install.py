@@ -15,7 +15,8 @@
    with the cell it was running, and retried once. A retry that passes still prints a warning naming
    that cell.
 4. The notebooks run under the CPU variant (``tools/cpu_variant.py``): torch's other kernel family and
-   two threads, where the committed outputs were executed natively with one. The same pass that checks
+   two threads, where the committed outputs were executed natively with one (on a CPU where torch
+   refuses to be forced, its native kernels, and the stage prints why). The same pass that checks
    the student's install checks that no checked output depends on the CPU.
 5. A notebook with checked cells runs up to its last one. What comes after is timing and figures that
    nothing compares (half of §7 is real-model timing, whose regime a scalar kernel family changes:
@@ -49,7 +50,7 @@ import tempfile
 from pathlib import Path
 
 import nbformat
-from cpu_variant import check_forced, cpu_variant
+from cpu_variant import check_forced, choose_variant, runnable_variant, this_cpu
 from run_nbval import NOTEBOOK_LIMIT_S, Interpreter, run_nbval
 
 from servelab.nbrun import is_checked
@@ -111,10 +112,9 @@ def without_glue_records(nb) -> None:
 
 def copy_notebooks(folder: Path) -> list[Path]:
     """The course notebooks, copied (with their sub-folders) under ``folder`` with the book's glue
-    records left out of their saved outputs, and the book's pages beside them as in a downloaded copy of
-    the course: the course-plan notebook counts the words of ``../book``."""
+    records left out of their saved outputs. Nothing else of the checkout goes beside them: a student
+    who opens one notebook on Colab has no ``../book`` either."""
     shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    shutil.copytree(ROOT / "book", folder.parent / "book", ignore=shutil.ignore_patterns("_build"))
     paths = sorted(folder.rglob("*.ipynb"))
     for path in paths:
         nb = nbformat.read(path, as_version=4)
@@ -217,11 +217,11 @@ def main(argv: list[str] | None = None) -> int:
             print("modules the notebooks import that the clean install does not have:", *missing, sep="\n  ")
             return 1
         cut_after_checked(notebooks)
-        variant, overrides = cpu_variant()
-        env.update(overrides)
+        variant = runnable_variant(choose_variant(this_cpu()), env, python)
+        env.update(variant.overrides)
         check_forced(env, python)
-        print(f"== notebooks under the CPU variant: {variant} ({' '.join(f'{k}={v}' for k, v in overrides.items())})",
-              flush=True)
+        print(variant.banner(), flush=True)
+        print(f"== on all {len(notebooks)} notebooks: {' '.join(p.name for p in notebooks)}", flush=True)
         return run_all(base / "notebooks", python, env)
     finally:
         if not args.keep:

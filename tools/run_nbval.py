@@ -42,6 +42,13 @@ NBVAL = ["-m", "pytest", "-v", "-p", "no:cacheprovider", "--nbval-lax", "--nbval
          f"--nbval-kernel-startup-timeout={KERNEL_STARTUP_S}"]
 CELL_STARTED = re.compile(r"::Cell (\d+)")
 SUMMARY = re.compile(r"=+ (.*(?:passed|failed|error).*) in [\d.]+s")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+FAILED_CELL = re.compile(r"^_{3,} .+?::Cell (\d+) _{3,}$", re.M)
+REASON = re.compile(r"^Cell \d+: (.+)$", re.M)
+EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?:: .*)?$")
+CAUSE = "CAUSE "
+"""The prefix of the one line per failed notebook that ``tools/stage.sh`` repeats at the end of
+``make test``: the notebook, the cell and the exception's last line."""
 
 
 @dataclass(frozen=True)
@@ -61,15 +68,34 @@ class NbvalRun:
         return found[-1] if found else "no summary"
 
 
-def running_cell(notebook: Path, output: str) -> str:
-    """``cell K (`first line`)`` for the last cell nbval started (its numbering counts code cells)."""
-    started = CELL_STARTED.findall(output)
-    if not started:
-        return "before its first cell"
-    index = int(started[-1])
+def cell_label(notebook: Path, index: int) -> str:
+    """``cell K (`first line`)`` for code cell ``index`` (nbval's numbering counts code cells)."""
     code = [c for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code"]
     lines = [line.strip() for line in code[index].source.splitlines() if line.strip()] if index < len(code) else []
     return f"cell {index} (`{lines[0][:120] if lines else ''}`)"
+
+
+def running_cell(notebook: Path, output: str) -> str:
+    """:func:`cell_label` of the last cell nbval started."""
+    started = CELL_STARTED.findall(output)
+    return cell_label(notebook, int(started[-1])) if started else "before its first cell"
+
+
+def failure_cause(notebook: Path, output: str) -> str:
+    """Why nbval failed ``notebook``, in one line: its first failing cell and the exception's last
+    line (or nbval's reason, such as outputs that differ from the committed ones)."""
+    text = ANSI.sub("", output)
+    failed = list(FAILED_CELL.finditer(text))
+    if not failed:
+        lines = [line for line in text.splitlines() if line.strip()]
+        return f"{notebook}: {lines[-1].strip() if lines else 'no output'}"
+    first = failed[0]
+    end = failed[1].start() if len(failed) > 1 else len(text)
+    body = text[first.end():end].split("\n=====")[0]
+    exceptions = [line.strip() for line in body.splitlines() if EXCEPTION.match(line.strip())]
+    reason = REASON.search(body)
+    last = exceptions[-1] if exceptions else (reason.group(1) if reason else "failed")
+    return f"{notebook} {cell_label(notebook, int(first.group(1)))}: {last[:300]}"
 
 
 @dataclass(frozen=True)
@@ -114,7 +140,7 @@ def run_nbval(notebooks: list[Path], env: dict[str, str] | None = None, jobs: in
     def log(message: str) -> None:
         print(prefix + message, flush=True)
 
-    failed, warnings = 0, []
+    failed, warnings, causes = 0, [], []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(nbval_notebook, nb, env, limit_s, log, where)
                    for nb in slowest_first(notebooks)]
@@ -124,11 +150,16 @@ def run_nbval(notebooks: list[Path], env: dict[str, str] | None = None, jobs: in
             log(f"{status:4} {run.notebook}  {run.run.seconds:5.1f} s  {run.summary()}")
             if not run.ok and not run.run.timed_out:
                 print(run.run.output[-6000:], flush=True)
+                causes.append(failure_cause(run.notebook, run.run.output))
+            elif run.run.timed_out:
+                causes.append(f"{run.notebook}: {warning}")
             if warning:
                 warnings.append(warning)
             failed += not run.ok
     for warning in warnings:
         print(f"{prefix}WARNING (retried): {warning}")
+    for cause in causes:
+        print(f"{CAUSE}{prefix}{cause}")
     print(f"{prefix}nbval: {len(notebooks) - failed} of {count(len(notebooks), 'notebook')} passed"
           f"{f', {len(warnings)} retried' if warnings else ''}")
     return failed == 0
