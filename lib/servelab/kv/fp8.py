@@ -9,7 +9,8 @@ scale with the cache (vLLM: ``k_scale``/``v_scale`` per layer, 1.0 unless calibr
 :func:`fp8_roundtrip` applies one per-tensor scale (the absolute maximum mapped to ``E4M3_MAX``),
 casts to ``torch.float8_e4m3fn`` and back; :func:`fp8_relative_error` reports the RMS error relative
 to the RMS value. Runs on the CPU (torch's float8 dtypes cast there); the cast is exact arithmetic,
-so the numbers do not depend on the CPU's kernels. Imports torch; not re-exported by ``servelab.kv``.
+so the numbers do not depend on the CPU's kernels. Imports torch; not re-exported by
+``servelab.kv``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 """Largest finite e4m3 value (448)."""
 
 E4M3_UNIT_ROUNDOFF = 2.0 ** -4
-"""Largest relative rounding error for a value in e4m3's normal range: 3 mantissa bits, half an ulp."""
+"""Largest relative rounding error for a value in e4m3's normal range (3 mantissa bits, half an
+ulp)."""
 
 
 def _require_float_tensor(x: object) -> torch.Tensor:
@@ -34,7 +36,8 @@ def _require_float_tensor(x: object) -> torch.Tensor:
 
 
 def fp8_roundtrip(x: torch.Tensor) -> torch.Tensor:
-    """``x`` stored as e4m3 with one per-tensor scale (``amax / E4M3_MAX``) and read back, in x's dtype."""
+    """``x`` stored as e4m3 with one per-tensor scale (``amax / E4M3_MAX``) and read back, in the
+    dtype of ``x``."""
     x = _require_float_tensor(x)
     amax = x.abs().max().float()
     scale = amax / E4M3_MAX if amax > 0 else torch.tensor(1.0)

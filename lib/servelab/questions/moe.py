@@ -1,15 +1,17 @@
-"""Mixture-of-experts arithmetic: total versus active parameters, and how many experts a batch touches.
+"""Mixture-of-experts arithmetic: total versus active parameters, and how many experts a batch
+touches.
 
-A MoE layer replaces the one MLP with ``n_experts`` expert MLPs and a router that sends each token to
-``top_k`` of them. Memory holds **every** expert (the total parameters); one token's compute touches
-only its ``top_k`` experts plus the dense parts (the active parameters, about 2 FLOPs each). What a
-decode step *reads* lies in between and grows with the batch: :func:`expected_distinct_experts` is the
-number of experts per layer that ``tokens`` tokens hit when routing is uniform and independent.
+A MoE layer replaces the one MLP with ``n_experts`` expert MLPs and a router that sends each token
+to ``top_k`` of them. Memory holds **every** expert (the total parameters); one token's compute
+touches only its ``top_k`` experts plus the dense parts (the active parameters, about 2 FLOPs each).
+What a decode step *reads* lies in between and grows with the batch:
+:func:`expected_distinct_experts` is the number of experts per layer that ``tokens`` tokens hit when
+routing is uniform and independent.
 
 Two published configurations are included (:data:`MIXTRAL_8X7B`, :data:`QWEN3_30B_A3B`, from their
 ``config.json``); :func:`moe_param_counts` reproduces their published totals (46.7B/12.9B and
-30.5B/3.3B). Counted: attention projections, expert MLPs (gate, up, down), routers, embeddings and the
-LM head; norm weights are left out (under 0.01 % of either model). Units: parameters (a count).
+30.5B/3.3B). Counted: attention projections, expert MLPs (gate, up, down), routers, embeddings and
+the LM head; norm weights are left out (under 0.01 % of either model). Units: parameters (a count).
 """
 
 from __future__ import annotations
@@ -39,17 +41,17 @@ class MoEConfig:
     tied_embeddings: bool = False
 
     def __post_init__(self) -> None:
-        for field in ("n_layer", "d_model", "n_head", "n_kv_head", "d_head", "d_expert", "n_experts",
-                      "top_k", "vocab"):
+        for field in ("n_layer", "d_model", "n_head", "n_kv_head", "d_head", "d_expert",
+                      "n_experts", "top_k", "vocab"):
             require_index(field, getattr(self, field), 1)
         if self.top_k > self.n_experts:
             raise ValueError(f"top_k must be at most n_experts={self.n_experts}, got {self.top_k}")
 
 
-MIXTRAL_8X7B = MoEConfig("Mixtral-8x7B", n_layer=32, d_model=4096, n_head=32, n_kv_head=8, d_head=128,
-                         d_expert=14336, n_experts=8, top_k=2, vocab=32000)
-QWEN3_30B_A3B = MoEConfig("Qwen3-30B-A3B", n_layer=48, d_model=2048, n_head=32, n_kv_head=4, d_head=128,
-                          d_expert=768, n_experts=128, top_k=8, vocab=151936)
+MIXTRAL_8X7B = MoEConfig("Mixtral-8x7B", n_layer=32, d_model=4096, n_head=32, n_kv_head=8,
+                         d_head=128, d_expert=14336, n_experts=8, top_k=2, vocab=32000)
+QWEN3_30B_A3B = MoEConfig("Qwen3-30B-A3B", n_layer=48, d_model=2048, n_head=32, n_kv_head=4,
+                          d_head=128, d_expert=768, n_experts=128, top_k=8, vocab=151936)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ def moe_param_counts(config: MoEConfig) -> MoEParams:
 
 def expected_distinct_experts(n_experts: int, top_k: int, tokens: int) -> float:
     """Expected number of a layer's experts that ``tokens`` tokens hit, each choosing ``top_k`` of
-    ``n_experts`` uniformly and independently: ``n_experts * (1 - (1 - top_k / n_experts) ** tokens)``.
+    ``n_experts`` uniformly and independently:
+    ``n_experts * (1 - (1 - top_k / n_experts) ** tokens)``.
 
     Real routers are not uniform (hot experts), so this is a model, not a measurement; it shows how
     fast a decode batch ends up reading every expert's weights.

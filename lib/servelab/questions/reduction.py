@@ -1,10 +1,11 @@
 """Why the same row gives different bits in a different batch: a split reduction in low precision.
 
 A kernel that sums ``n`` numbers often splits them into ``n_splits`` contiguous chunks (split-K in a
-matmul, split-KV in decode attention), sums each chunk, then sums the partial results. Floating-point
-addition is not associative, so the answer depends on the split, and kernels choose the split from
-the batch's shape: the same request alone and in a batch of 64 can be summed differently. A
-batch-invariant kernel fixes the split (or reduces each row the same way at every batch size).
+matmul, split-KV in decode attention), sums each chunk, then sums the partial results.
+Floating-point addition is not associative, so the answer depends on the split, and kernels
+choose the split from the batch's shape: the same request alone and in a batch of 64 can be summed
+differently. A batch-invariant kernel fixes the split (or reduces each row the same way at every
+batch size).
 
 :func:`split_sum` does exactly that sum, left to right in the given numpy dtype, one element at a
 time (no SIMD, no pairwise tree), so the result is the same on every CPU.
