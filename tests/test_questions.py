@@ -17,7 +17,8 @@ from servelab.questions.bank import load_raw, validate_raw
 from servelab.questions.design import DesignAssumptions, design_rows, solve_design
 from servelab.questions.export import export_assignment, read_markdown, read_notebook
 from servelab.questions.render import (
-    chapter_link, expand_question_sets, label_defined, question_myst, section_heading, tier_heading, tier_myst,
+    chapter_link, expand_question_sets, label_defined, question_myst, question_notebook, section_heading,
+    tier_heading, tier_myst,
 )
 from servelab.kv import block_alloc_slots
 from servelab.sampling import best_of_n_kv_tokens, softmax, support, top_k_filter, top_p_filter
@@ -607,3 +608,38 @@ def test_engines_set_covers_the_topics_in_three_tiers():
     titles = " ".join(q.title for q in engines)
     for topic in ("vLLM V1", "FP8", "MoE", "EAGLE-3", "Batch-invariant"):
         assert topic in titles, topic
+
+
+# ------------------------------------------------------------------------ rubric on the page, marking
+
+
+def test_every_rendered_answer_carries_its_rubric():
+    for q in BANK.questions:
+        for text in (question_myst(q, root=None), question_notebook(q, root=None)):
+            assert f"**Rubric ({q.rubric.max_points} points).** A full answer states every key idea" in text
+            assert "**Loses points.** Take off" in text and q.rubric.ideas[-1][1] in text, q.id
+
+
+def test_the_instructor_pages_worked_marking_adds_up():
+    from servelab.questions.marking import mark, marking_rows
+
+    q24 = BANK.question("Q24")
+    made = [i for i, m in enumerate(q24.answer.mistakes) if "copy a shared tail block" in m]
+    sample = mark(q24, ideas_stated=[0, 2], mistakes_made=made)
+    assert (sample.idea_points, sample.deducted, sample.score, sample.max_points) == (3, 1, 2, 5)
+    assert marking_rows(sample)[-1] == ("Total (never below 0)", "", "2 / 5")
+    assert mark(q24, [], range(len(q24.answer.mistakes))).score == 0
+    assert mark(q24, range(len(q24.rubric.ideas)), []).score == q24.rubric.max_points
+    page = (ROOT / "book" / "instructor.md").read_text(encoding="utf-8")
+    for name in ("ch09_mark_answer", "ch09_mark_ideas", "ch09_mark_deducted", "ch09_mark_score"):
+        assert f"ch09-interview.ipynb::{name}" in page, name
+
+
+@pytest.mark.parametrize("ideas, mistakes, message", [
+    ([5], [], "ideas_stated\\[0\\]"), ([0, 0], [], "repeats"), ([], [-1], "mistakes_made\\[0\\]"),
+])
+def test_mark_rejects_positions_outside_the_rubric(ideas, mistakes, message):
+    from servelab.questions.marking import mark
+
+    with pytest.raises(ValueError, match=message):
+        mark(BANK.question("Q24"), ideas, mistakes)
