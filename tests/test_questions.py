@@ -512,7 +512,7 @@ def test_q7_and_e4_kv_layouts_match_the_library():
     assert sequence_kv_bytes(10, [None] * 3, 2, 4, 2) == 10 * kv_bytes_per_token(3, 2, 4, 2)
 
 
-def test_q20_and_e7_quote_the_split_sums():
+def test_q20_and_e8_quote_the_split_sums():
     import numpy as np
 
     from servelab.questions.reduction import split_sum
@@ -520,7 +520,7 @@ def test_q20_and_e7_quote_the_split_sums():
     values = np.random.default_rng(0).standard_normal(4096)
     one, sixteen = split_sum(values, 1), split_sum(values, 16)
     assert one != sixteen
-    for qid in ("Q20", "E7"):
+    for qid in ("Q20", "E8"):
         text = squash(answer_text(qid))
         assert f"{one:.6f} and {sixteen:.6f}" in text, qid
         assert "VLLM_BATCH_INVARIANT=1" in text and "--enable-deterministic-inference" in text, qid
@@ -590,11 +590,11 @@ def test_e5_speculation_numbers_match_the_library():
     assert f"breaks even at $a = {breakeven_acceptance(1.3, 3):.3f}$" in text
 
 
-def test_e8_transfer_numbers_match_the_library():
+def test_e9_transfer_numbers_match_the_library():
     from servelab.kv import kv_bytes_per_token
     from servelab.kv.footprint import kv_transfer_seconds
 
-    text = squash(answer_text("E8"))
+    text = squash(answer_text("E9"))
     per_token = kv_bytes_per_token(80, 8, 128, 2)
     assert f"{per_token:,} bytes per token" in text
     assert f"8,192 tokens are {8192 * per_token / 1e9:.2f} GB" in text
@@ -603,10 +603,10 @@ def test_e8_transfer_numbers_match_the_library():
 
 def test_engines_set_covers_the_topics_in_three_tiers():
     engines = BANK.select(set_id="engines")
-    assert [q.id for q in engines] == [f"E{i}" for i in range(1, 9)]
+    assert [q.id for q in engines] == [f"E{i}" for i in range(1, 10)]
     assert {q.tier for q in engines} == {"L1", "L2", "L3"} and len(BANK.questions) >= 48
     titles = " ".join(q.title for q in engines)
-    for topic in ("vLLM V1", "FP8", "MoE", "EAGLE-3", "Batch-invariant"):
+    for topic in ("vLLM V1", "FP8", "MoE", "EAGLE-3", "Batch-invariant", "Tiered KV", "disaggregation"):
         assert topic in titles, topic
 
 
@@ -643,3 +643,20 @@ def test_mark_rejects_positions_outside_the_rubric(ideas, mistakes, message):
 
     with pytest.raises(ValueError, match=message):
         mark(BANK.question("Q24"), ideas, mistakes)
+
+
+def test_e7_offload_numbers_match_the_library():
+    from servelab.capacity import prefill_flops
+    from servelab.kv import kv_bytes_per_token
+    from servelab.kv.footprint import kv_transfer_seconds
+
+    text = squash(answer_text("E7"))
+    per_token, prefix = kv_bytes_per_token(32, 8, 128, 2), 32_768
+    assert f"{per_token:,} bytes per token make {prefix * per_token / 1e9:.2f} GB" in text
+    assert f"{1000 * kv_transfer_seconds(prefix, per_token, 50e9):.1f} ms from host memory" in text
+    assert f"{1000 * kv_transfer_seconds(prefix, per_token, 7e9):.0f} ms from an NVMe SSD" in text
+    weights, attention = prefill_flops(8e9, prefix, 32, 32, 128)
+    causal = attention / 2
+    quoted = f"costs {weights + causal:.1e} FLOPs (weights {weights:.1e} plus causal attention {causal:.1e}"
+    assert quoted.replace("e+", "e") in text
+    assert f"{(weights + causal) / 500e12:.1f} s at an assumed 500 TFLOP/s" in text
