@@ -660,3 +660,14 @@ def test_e7_offload_numbers_match_the_library():
     quoted = f"costs {weights + causal:.1e} FLOPs (weights {weights:.1e} plus causal attention {causal:.1e}"
     assert quoted.replace("e+", "e") in text
     assert f"{(weights + causal) / 500e12:.1f} s at an assumed 500 TFLOP/s" in text
+
+
+def test_the_answer_key_export_carries_the_corrections(tmp_path):
+    export_assignment(BANK.select(ids=["Q3", "Q4", "Q7", "Q22", "Q24", "E8"]), tmp_path, formats=["markdown"])
+    key = squash((tmp_path / "answer-key.md").read_text(encoding="utf-8"))
+    for corrected in ("DistServe's goodput is a capacity", "long prompts are more compute-bound",
+                      "vLLM V1's hybrid KV cache manager", "two all-reduces per layer",
+                      "vLLM V1 has no copy-on-write", "VLLM_BATCH_INVARIANT=1", "**Loses points.**"):
+        assert corrected in key, corrected
+    assert "very long prompts make prefill attention IO- or kernel-limited" not in key
+    assert "The first write into a shared partial tail block copies it" not in key
