@@ -17,7 +17,8 @@ from servelab.questions.bank import load_raw, validate_raw
 from servelab.questions.design import DesignAssumptions, design_rows, solve_design
 from servelab.questions.export import export_assignment, read_markdown, read_notebook
 from servelab.questions.render import (
-    chapter_link, expand_question_sets, label_defined, question_myst, section_heading, tier_heading, tier_myst,
+    chapter_link, expand_question_sets, label_defined, question_myst, question_notebook, section_heading,
+    tier_heading, tier_myst,
 )
 from servelab.kv import block_alloc_slots
 from servelab.sampling import best_of_n_kv_tokens, softmax, support, top_k_filter, top_p_filter
@@ -372,7 +373,7 @@ def test_chapter_page_shows_every_question_in_bank_order_under_its_tier_heading(
     page = (ROOT / "book" / "ch09-interview.md").read_text(encoding="utf-8")
     expanded = expand_question_sets(page, BANK, ROOT)
     assert "{servelab-questions}" not in expanded
-    assert _ids_under_headings(expanded, r"^````\{exercise\} ([QP]\d+) · ") == BANK_ORDER
+    assert _ids_under_headings(expanded, r"^````\{exercise\} ([A-Z]\d+) · ") == BANK_ORDER
     # every answer is a solution directive, so SERVELAB_SOLUTIONS=0 (hide_solutions) removes it
     assert expanded.count("````{solution} ch09-") == len(BANK.questions) and "<details>" not in expanded
     assert not re.search(r"^:label: ch09-nb-", expanded, re.MULTILINE)
@@ -386,7 +387,7 @@ def test_interview_notebook_shows_every_question_in_bank_order_under_its_tier_he
             shown.append(cell.source)
         elif "tier_view(bank" in cell.source:
             shown += [o["data"]["text/markdown"] for o in cell.outputs if "text/markdown" in o.get("data", {})]
-    assert _ids_under_headings("\n".join(shown), r"^\*\*([QP]\d+) · ") == BANK_ORDER
+    assert _ids_under_headings("\n".join(shown), r"^\*\*([A-Z]\d+) · ") == BANK_ORDER
 
 
 def test_every_question_has_a_rubric_with_points_per_idea():
@@ -426,3 +427,247 @@ def test_the_instructor_page_export_commands_run_as_written(tmp_path):
     for out in ("week3", "quiz", "drill"):
         assert not list((tmp_path / out).glob("answer-key.*")) and list((tmp_path / out).glob("assignment.*"))
         assert list((tmp_path / f"{out}-key").glob("answer-key.*"))
+
+
+# ------------------------------------------------------------------------ course names in the answers
+
+COURSE_NAME = re.compile(r"(?<![\w.])servelab(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+BARE_CODE_NAME = re.compile(r"(?<![\w.])[A-Z][a-z][A-Za-z0-9]*\.[a-z_][A-Za-z0-9_]*")
+
+
+def _strings(node) -> list[str]:
+    """Every string in the raw bank (questions, answers, rubrics, links, design exercises)."""
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [s for value in node.values() for s in _strings(value)]
+    if isinstance(node, list):
+        return [s for value in node for s in _strings(value)]
+    return []
+
+
+def course_names(raw: dict) -> set[str]:
+    """Every dotted ``servelab...`` name the bank's text mentions, backticked or not."""
+    return {m.group(0) for text in _strings(raw) for m in COURSE_NAME.finditer(text)}
+
+
+def unresolved_course_names(raw: dict) -> list[str]:
+    """The mentioned names that do not import, each with the reason."""
+    missing = []
+    for name in sorted(course_names(raw)):
+        try:
+            resolve_code_link(name)
+        except ImportError as exc:
+            missing.append(f"{name}: {exc}")
+    return missing
+
+
+def test_every_course_name_the_bank_mentions_imports():
+    raw = load_raw()
+    names = course_names(raw)
+    assert {q.code for q in BANK.questions} <= names and len(names) > len({q.code for q in BANK.questions})
+    assert unresolved_course_names(raw) == []
+
+
+def test_the_name_check_reports_a_missing_name():
+    raw = copy.deepcopy(load_raw())
+    raw["questions"][0]["answer"]["key"] += " See servelab.sampling.no_such_function."
+    assert [m.split(":")[0] for m in unresolved_course_names(raw)] == ["servelab.sampling.no_such_function"]
+
+
+def test_course_code_is_named_by_its_full_dotted_path():
+    """A bare ``ClassName.attr`` cannot be checked; the bank writes ``servelab.module.ClassName.attr``."""
+    bare = sorted({m.group(0) for text in _strings(load_raw()) for m in BARE_CODE_NAME.finditer(text)})
+    assert bare == [], bare
+
+
+# ------------------------------------------------------------------------ numbers in the corrected and new answers
+
+
+def test_q3_gives_both_goodput_definitions():
+    text = squash(answer_text("Q3"))
+    assert "can never exceed the offered load" in text and "DistServe" in text
+    assert "servelab.capacity.sustained_rate" in text
+
+
+def test_q4_says_long_prompts_are_compute_bound_and_short_tails_are_not():
+    text = squash(answer_text("Q4")).lower()
+    assert "long prompts are more compute-bound" in text and "uncached tail" in text
+    assert "io- or kernel-limited" not in text
+
+
+def test_q7_and_e4_kv_layouts_match_the_library():
+    from servelab.kv import kv_bytes_per_token
+    from servelab.kv.footprint import mla_kv_bytes_per_token, sequence_kv_bytes
+
+    q7 = squash(answer_text("Q7"))
+    assert "MLA" in q7 and "sliding-window" in q7 and "Mamba" in q7 and "hybrid KV cache manager" in q7
+    e4 = squash(answer_text("E4"))
+    assert mla_kv_bytes_per_token(61, 512, 64, 2) == 70_272 and "70,272 bytes" in e4
+    per_head = 61 * 128 * (192 + 128) * 2  # K 192 and V 128 elements per head, 128 heads
+    assert f"{per_head:,}" in e4
+    gpt_oss = [128 if i % 2 else None for i in range(36)]
+    hybrid, full = (sequence_kv_bytes(131_072, w, 8, 64, 2) / 2**30 for w in (gpt_oss, [None] * 36))
+    assert f"{hybrid:.2f} GiB instead of {full:.2f} GiB" in e4
+    assert sequence_kv_bytes(10, [None] * 3, 2, 4, 2) == 10 * kv_bytes_per_token(3, 2, 4, 2)
+
+
+def test_q20_and_e8_quote_the_split_sums():
+    import numpy as np
+
+    from servelab.questions.reduction import split_sum
+
+    values = np.random.default_rng(0).standard_normal(4096)
+    one, sixteen = split_sum(values, 1), split_sum(values, 16)
+    assert one != sixteen
+    for qid in ("Q20", "E8"):
+        text = squash(answer_text(qid))
+        assert f"{one:.6f} and {sixteen:.6f}" in text, qid
+        assert "VLLM_BATCH_INVARIANT=1" in text and "--enable-deterministic-inference" in text, qid
+
+
+def test_q22_counts_two_all_reduces_per_layer():
+    text = squash(answer_text("Q22"))
+    assert "two all-reduces per layer" in text and "replicates each KV head" in text
+    assert "two all-reduces per layer" in " ".join(i for _, i in BANK.question("Q22").rubric.ideas)
+
+
+def test_q24_names_how_each_engine_shares_the_prompt():
+    text = squash(answer_text("Q24"))
+    assert "vLLM V1 has no copy-on-write" in text and "SGLang" in text and "child requests" in text
+    prompt, generated, n, block = 2000, 300, 8, 16
+    v1 = prompt // block * block + n * (prompt % block + generated)
+    assert v1 == best_of_n_kv_tokens(prompt, generated, n) == 4400 and "125 full blocks of 16" in text
+    ideas = " ".join(i for _, i in BANK.question("Q24").rubric.ideas)
+    assert "The first write into a shared partial tail block copies it" not in ideas
+
+
+def test_e1_budget_example_is_arithmetic_true():
+    budget, decodes, prompt = 2048, 100, 5000
+    chunks, left = [], prompt
+    while left:
+        chunks.append(min(budget - decodes, left))
+        left -= chunks[-1]
+    assert chunks == [1948, 1948, 1104]
+    assert "3 steps (1,948 + 1,948 + 1,104)" in squash(answer_text("E1"))
+
+
+def test_e2_fp8_numbers_match_the_library():
+    import torch
+
+    from servelab.kv import kv_bytes_per_token
+    from servelab.kv.fp8 import fp8_relative_error
+
+    text = squash(answer_text("E2"))
+    bf16, fp8 = kv_bytes_per_token(32, 8, 128, 2), kv_bytes_per_token(32, 8, 128, 1)
+    assert f"from {bf16:,} to {fp8:,} bytes per token" in text
+    k = torch.randn(4096, 128, generator=torch.Generator().manual_seed(0))
+    outlier = k.clone()
+    outlier[:, 0] *= 50
+    assert f"RMS error of {100 * fp8_relative_error(k):.1f} %" in text
+    assert f"({100 * fp8_relative_error(outlier):.1f} % with one channel 50 times larger" in text
+
+
+def test_e3_moe_numbers_match_the_library():
+    from servelab.kv import kv_bytes_per_token
+    from servelab.questions.moe import MIXTRAL_8X7B, QWEN3_30B_A3B, expected_distinct_experts, moe_param_counts
+
+    text = squash(answer_text("E3"))
+    qwen, mixtral = moe_param_counts(QWEN3_30B_A3B), moe_param_counts(MIXTRAL_8X7B)
+    assert f"{qwen.total / 1e9:.2f}B total and {qwen.active / 1e9:.2f}B active" in text
+    assert f"about {qwen.total * 2 / 1e9:.0f} GB in bf16" in text
+    assert f"{mixtral.total / 1e9:.1f}B total, {mixtral.active / 1e9:.1f}B active" in text
+    hit = [expected_distinct_experts(128, 8, t) for t in (1, 16, 64)]
+    assert f"{hit[0]:.0f} at batch 1 but {hit[1]:.1f} at 16 and {hit[2]:.1f} of 128 at 64" in text
+    assert f"{kv_bytes_per_token(48, 4, 128, 2):,} bytes per token" in text
+
+
+def test_e5_speculation_numbers_match_the_library():
+    from servelab.capacity import breakeven_acceptance, expected_tokens_per_cycle
+
+    text = squash(answer_text("E5"))
+    assert f"{expected_tokens_per_cycle(0.8, 3):.3f} for $a = 0.8$, $k = 3$" in text
+    assert f"breaks even at $a = {breakeven_acceptance(1.3, 3):.3f}$" in text
+
+
+def test_e9_transfer_numbers_match_the_library():
+    from servelab.kv import kv_bytes_per_token
+    from servelab.kv.footprint import kv_transfer_seconds
+
+    text = squash(answer_text("E9"))
+    per_token = kv_bytes_per_token(80, 8, 128, 2)
+    assert f"{per_token:,} bytes per token" in text
+    assert f"8,192 tokens are {8192 * per_token / 1e9:.2f} GB" in text
+    assert f"{1000 * kv_transfer_seconds(8192, per_token, 50e9):.1f} ms over a 50 GB/s" in text
+
+
+def test_engines_set_covers_the_topics_in_three_tiers():
+    engines = BANK.select(set_id="engines")
+    assert [q.id for q in engines] == [f"E{i}" for i in range(1, 10)]
+    assert {q.tier for q in engines} == {"L1", "L2", "L3"} and len(BANK.questions) >= 48
+    titles = " ".join(q.title for q in engines)
+    for topic in ("vLLM V1", "FP8", "MoE", "EAGLE-3", "Batch-invariant", "Tiered KV", "disaggregation"):
+        assert topic in titles, topic
+
+
+# ------------------------------------------------------------------------ rubric on the page, marking
+
+
+def test_every_rendered_answer_carries_its_rubric():
+    for q in BANK.questions:
+        for text in (question_myst(q, root=None), question_notebook(q, root=None)):
+            assert f"**Rubric ({q.rubric.max_points} points).** A full answer states every key idea" in text
+            assert "**Loses points.** Take off" in text and q.rubric.ideas[-1][1] in text, q.id
+
+
+def test_the_instructor_pages_worked_marking_adds_up():
+    from servelab.questions.marking import mark, marking_rows
+
+    q24 = BANK.question("Q24")
+    made = [i for i, m in enumerate(q24.answer.mistakes) if "copy a shared tail block" in m]
+    sample = mark(q24, ideas_stated=[0, 2], mistakes_made=made)
+    assert (sample.idea_points, sample.deducted, sample.score, sample.max_points) == (3, 1, 2, 5)
+    assert marking_rows(sample)[-1] == ("Total (never below 0)", "", "2 / 5")
+    assert mark(q24, [], range(len(q24.answer.mistakes))).score == 0
+    assert mark(q24, range(len(q24.rubric.ideas)), []).score == q24.rubric.max_points
+    page = (ROOT / "book" / "instructor.md").read_text(encoding="utf-8")
+    for name in ("ch09_mark_answer", "ch09_mark_ideas", "ch09_mark_deducted", "ch09_mark_score"):
+        assert f"ch09-interview.ipynb::{name}" in page, name
+
+
+@pytest.mark.parametrize("ideas, mistakes, message", [
+    ([5], [], "ideas_stated\\[0\\]"), ([0, 0], [], "repeats"), ([], [-1], "mistakes_made\\[0\\]"),
+])
+def test_mark_rejects_positions_outside_the_rubric(ideas, mistakes, message):
+    from servelab.questions.marking import mark
+
+    with pytest.raises(ValueError, match=message):
+        mark(BANK.question("Q24"), ideas, mistakes)
+
+
+def test_e7_offload_numbers_match_the_library():
+    from servelab.capacity import prefill_flops
+    from servelab.kv import kv_bytes_per_token
+    from servelab.kv.footprint import kv_transfer_seconds
+
+    text = squash(answer_text("E7"))
+    per_token, prefix = kv_bytes_per_token(32, 8, 128, 2), 32_768
+    assert f"{per_token:,} bytes per token make {prefix * per_token / 1e9:.2f} GB" in text
+    assert f"{1000 * kv_transfer_seconds(prefix, per_token, 50e9):.1f} ms from host memory" in text
+    assert f"{1000 * kv_transfer_seconds(prefix, per_token, 7e9):.0f} ms from an NVMe SSD" in text
+    weights, attention = prefill_flops(8e9, prefix, 32, 32, 128)
+    causal = attention / 2
+    quoted = f"costs {weights + causal:.1e} FLOPs (weights {weights:.1e} plus causal attention {causal:.1e}"
+    assert quoted.replace("e+", "e") in text
+    assert f"{(weights + causal) / 500e12:.1f} s at an assumed 500 TFLOP/s" in text
+
+
+def test_the_answer_key_export_carries_the_corrections(tmp_path):
+    export_assignment(BANK.select(ids=["Q3", "Q4", "Q7", "Q22", "Q24", "E8"]), tmp_path, formats=["markdown"])
+    key = squash((tmp_path / "answer-key.md").read_text(encoding="utf-8"))
+    for corrected in ("DistServe's goodput is a capacity", "long prompts are more compute-bound",
+                      "vLLM V1's hybrid KV cache manager", "two all-reduces per layer",
+                      "vLLM V1 has no copy-on-write", "VLLM_BATCH_INVARIANT=1", "**Loses points.**"):
+        assert corrected in key, corrected
+    assert "very long prompts make prefill attention IO- or kernel-limited" not in key
+    assert "The first write into a shared partial tail block copies it" not in key

@@ -2,7 +2,8 @@
 
 ``bank.yaml`` in this package is the single source: ``load_bank()`` validates and reads it, ``render``
 turns it into the book's MyST, ``export`` writes student assignments and answer keys, ``design``
-computes the design exercise's table with ``servelab.capacity``. Command line::
+computes the design exercise's table with ``servelab.capacity``; ``moe`` and ``reduction`` hold the
+arithmetic the engine questions quote (MoE parameter counts, a split reduction). Command line::
 
     python -m servelab.questions export --tiers L1,L2 --format notebook,markdown --out DIR
 """

@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 
 from servelab.questions.bank import Question
-from servelab.questions.render import answer_markdown, find_book_root, section_heading
+from servelab.questions.render import answer_markdown, find_book_root, rubric_markdown, section_heading
 
 __all__ = [
     "FORMATS",
@@ -62,15 +62,6 @@ def _reference_line(q: Question) -> str:
     heading = section_heading(root, q.chapter_slug, q.chapter_label) if root else None
     where = str(heading) if heading else f"the chapter page {q.chapter_slug}"
     return f"Read: {where} · run: `{q.code}`"
-
-
-def rubric_markdown(q: Question) -> str:
-    """The marking rubric: points per key idea, and the points each common mistake loses."""
-    ideas = "\n".join(f"- **{points} pt{'s' if points > 1 else ''}**: {idea}" for points, idea in q.rubric.ideas)
-    lose = q.rubric.mistake_points
-    return (f"**Rubric ({q.rubric.max_points} points).** Award each key idea the answer states:\n\n{ideas}\n\n"
-            f"Take off {lose} point{'s' if lose > 1 else ''} for each common mistake above that the answer makes "
-            "(never below 0).")
 
 
 def _key_answer(q: Question) -> str:

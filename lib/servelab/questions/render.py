@@ -34,6 +34,7 @@ from servelab.viz.core import in_book_build
 __all__ = [
     "BankView",
     "answer_markdown",
+    "rubric_markdown",
     "design_exercise_notebook",
     "design_exercise_view",
     "notebook_chapter_link",
@@ -66,6 +67,18 @@ def answer_markdown(answer: Answer) -> str:
         f"**Key formula / definition.** {answer.key}\n\n"
         f"**Common mistakes.**\n\n{mistakes}"
     )
+
+
+def rubric_markdown(q: Question) -> str:
+    """The marking rubric: what a full answer must state (points per key idea) and what loses points
+    (each common mistake the answer makes)."""
+    ideas = "\n".join(f"- **{points} pt{'s' if points > 1 else ''}**: {idea}"
+                      for points, idea in q.rubric.ideas)
+    lose = q.rubric.mistake_points
+    return (f"**Rubric ({q.rubric.max_points} points).** A full answer states every key idea below; "
+            f"award an idea's points when the answer states it:\n\n{ideas}\n\n"
+            f"**Loses points.** Take off {lose} point{'s' if lose > 1 else ''} for each common mistake "
+            "above that the answer makes (never below 0).")
 
 
 def find_book_root(start: Path) -> Path | None:
@@ -178,7 +191,7 @@ def question_myst(question: Question, root: Path | None, page_dir: str = "notebo
         f"{FENCE}{{exercise}} {question.id} · {question.title}\n:label: {label}\n:nonumber:\n\n"
         f"{question.question}\n{FENCE}\n\n"
         f"{FENCE}{{solution}} {label}\n:label: {label}-answer\n:class: dropdown\n\n"
-        f"{answer_markdown(question.answer)}\n\n{links}\n{FENCE}\n"
+        f"{answer_markdown(question.answer)}\n\n{rubric_markdown(question)}\n\n{links}\n{FENCE}\n"
     )
 
 
@@ -257,7 +270,7 @@ def _folded(summary: str, body: str) -> str:
 def question_notebook(question: Question, root: Path | None, page_dir: str = "notebooks") -> str:
     """One question as plain Markdown: title and question visible, the answer folded."""
     links = f"**Read and run.** {notebook_chapter_link(question, root, page_dir)} · `{question.code}`"
-    answer = f"{answer_markdown(question.answer)}\n\n{links}"
+    answer = f"{answer_markdown(question.answer)}\n\n{rubric_markdown(question)}\n\n{links}"
     return f"**{question.id} · {question.title}**\n\n{question.question}\n\n{_folded('Answer', answer)}\n"
 
 
