@@ -1,0 +1,92 @@
+"""An FP8 (e4m3) KV cache: its bytes, and the logit error of storing K and V in it.
+
+An FP8 KV cache stores each K and V element in one byte (``torch.float8_e4m3fn``: 4 exponent bits,
+3 mantissa bits, largest finite value 448) with one scale per tensor, and attention reads it back
+multiplied by that scale. The bytes per token halve against bf16, so attention, which reads the
+whole cache every decode step, reads half the bytes. The rounding is the price:
+:func:`kv_fp8_logit_error` measures it on a real model by running the same tokens once with exact
+K/V and once with K/V rounded through FP8, and comparing the logits.
+
+System boundary: a fake-quantized cache (round to FP8, multiply back, attend in the model's dtype)
+on any device torch runs on; a per-layer scale from that layer's largest magnitude (a calibrated
+scale; an uncalibrated scale of 1 clips any value above 448). The bytes are counted, not measured.
+Imports torch (not re-exported from :mod:`servelab.kv`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from servelab.model.llama import AttentionBackend, DenseCausalAttention, LlamaForCausalLM
+
+__all__ = ["E4M3_MAX", "Fp8KVAttention", "KVFp8Error", "fp8_round_trip", "kv_fp8_logit_error"]
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = float(torch.finfo(E4M3).max)
+"""Largest finite e4m3 value (448)."""
+
+
+def fp8_round_trip(x: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """``x`` stored as e4m3 with one per-tensor scale and read back in ``x``'s dtype.
+
+    ``scale`` None: ``max|x| / 448``, so the largest element lands on e4m3's largest value.
+    Values beyond ``448 x scale`` are clipped to it (e4m3fn has no infinity).
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError("x must be a floating-point torch.Tensor")
+    if scale is None:
+        amax = float(x.detach().abs().max()) if x.numel() else 0.0
+        scale = amax / E4M3_MAX if amax > 0 else 1.0
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
+        raise ValueError(f"scale must be a number > 0 or None, got {scale!r}")
+    stored = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return (stored.float() * scale).to(x.dtype)
+
+
+class Fp8KVAttention:
+    """An attention backend whose K and V pass through an FP8 cache before attention reads them."""
+
+    def __init__(self, inner: AttentionBackend | None = None) -> None:
+        self.inner = inner if inner is not None else DenseCausalAttention()
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.inner(layer, q, fp8_round_trip(k), fp8_round_trip(v))
+
+
+@dataclass(frozen=True)
+class KVFp8Error:
+    """Logits with an FP8 KV cache against exact K/V, over every position of the inputs.
+
+    ``max_abs_logit_diff`` and ``mean_abs_logit_diff`` are in logit units (nats before softmax);
+    ``logit_range`` is the mean spread (max - min) of the exact logits at a position, for scale;
+    ``top1_agreement`` is the share of positions whose most likely next token is unchanged.
+    """
+
+    positions: int
+    max_abs_logit_diff: float
+    mean_abs_logit_diff: float
+    logit_range: float
+    top1_agreement: float
+
+
+@torch.no_grad()
+def kv_fp8_logit_error(model: LlamaForCausalLM, token_ids: Sequence[Sequence[int]]) -> KVFp8Error:
+    """Run ``token_ids`` (equal-length rows of ids) through ``model`` twice, with exact and with
+    FP8-rounded K/V, and compare the logits at every position."""
+    if not isinstance(model, LlamaForCausalLM):
+        raise ValueError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
+    rows = [list(r) for r in token_ids] if isinstance(token_ids, Sequence) else []
+    if not rows or not rows[0] or any(len(r) != len(rows[0]) for r in rows):
+        raise ValueError("token_ids must be a non-empty list of equal-length, non-empty id lists")
+    ids = torch.tensor(rows, dtype=torch.long)
+    exact = model(ids).float()
+    rounded = model(ids, backend=Fp8KVAttention()).float()
+    diff = (rounded - exact).abs()
+    spread = exact.amax(-1) - exact.amin(-1)
+    agree = (rounded.argmax(-1) == exact.argmax(-1)).float()
+    return KVFp8Error(positions=ids.numel(), max_abs_logit_diff=float(diff.max()),
+                      mean_abs_logit_diff=float(diff.mean()), logit_range=float(spread.mean()),
+                      top1_agreement=float(agree.mean()))
