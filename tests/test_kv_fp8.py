@@ -30,5 +30,9 @@ def test_fp8_kv_changes_logits_a_little_on_the_course_model():
     assert err.positions == 128
     assert 0 < err.mean_abs_logit_diff < err.max_abs_logit_diff < 0.2 * err.logit_range
     assert err.top1_agreement > 0.8
+    bf16 = kv_fp8_logit_error(model, ids, kv_dtype=torch.bfloat16)
+    assert bf16.mean_abs_logit_diff < err.mean_abs_logit_diff  # 7 mantissa bits against 3
+    with pytest.raises(ValueError, match="kv_dtype"):
+        kv_fp8_logit_error(model, ids, kv_dtype=torch.int8)
     with pytest.raises(ValueError, match="equal-length"):
         kv_fp8_logit_error(model, [[1, 2], [3]])

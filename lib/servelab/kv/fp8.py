@@ -22,7 +22,7 @@ import torch
 
 from servelab.model.llama import AttentionBackend, DenseCausalAttention, LlamaForCausalLM
 
-__all__ = ["E4M3_MAX", "Fp8KVAttention", "KVFp8Error", "fp8_round_trip", "kv_fp8_logit_error"]
+__all__ = ["E4M3_MAX", "KV_STORE_DTYPES", "Fp8KVAttention", "KVFp8Error", "fp8_round_trip", "kv_fp8_logit_error"]
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)
@@ -46,14 +46,27 @@ def fp8_round_trip(x: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     return (stored.float() * scale).to(x.dtype)
 
 
-class Fp8KVAttention:
-    """An attention backend whose K and V pass through an FP8 cache before attention reads them."""
+KV_STORE_DTYPES = (E4M3, torch.bfloat16, torch.float16)
+"""Cache dtypes :class:`Fp8KVAttention` can store in: e4m3 with a per-tensor scale, or a 16-bit cast
+(the reference an FP8 cache is usually compared with)."""
 
-    def __init__(self, inner: AttentionBackend | None = None) -> None:
+
+def _stored(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return fp8_round_trip(x) if dtype == E4M3 else x.to(dtype).to(x.dtype)
+
+
+class Fp8KVAttention:
+    """An attention backend whose K and V pass through a cache of ``kv_dtype`` (default e4m3)
+    before attention reads them."""
+
+    def __init__(self, inner: AttentionBackend | None = None, kv_dtype: torch.dtype = E4M3) -> None:
+        if kv_dtype not in KV_STORE_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_STORE_DTYPES}, got {kv_dtype!r}")
         self.inner = inner if inner is not None else DenseCausalAttention()
+        self.kv_dtype = kv_dtype
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.inner(layer, q, fp8_round_trip(k), fp8_round_trip(v))
+        return self.inner(layer, q, _stored(k, self.kv_dtype), _stored(v, self.kv_dtype))
 
 
 @dataclass(frozen=True)
@@ -73,9 +86,10 @@ class KVFp8Error:
 
 
 @torch.no_grad()
-def kv_fp8_logit_error(model: LlamaForCausalLM, token_ids: Sequence[Sequence[int]]) -> KVFp8Error:
-    """Run ``token_ids`` (equal-length rows of ids) through ``model`` twice, with exact and with
-    FP8-rounded K/V, and compare the logits at every position."""
+def kv_fp8_logit_error(model: LlamaForCausalLM, token_ids: Sequence[Sequence[int]],
+                       kv_dtype: torch.dtype = E4M3) -> KVFp8Error:
+    """Run ``token_ids`` (equal-length rows of ids) through ``model`` twice, with exact K/V and with
+    K/V stored in ``kv_dtype`` (default e4m3), and compare the logits at every position."""
     if not isinstance(model, LlamaForCausalLM):
         raise ValueError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
     rows = [list(r) for r in token_ids] if isinstance(token_ids, Sequence) else []
@@ -83,7 +97,7 @@ def kv_fp8_logit_error(model: LlamaForCausalLM, token_ids: Sequence[Sequence[int
         raise ValueError("token_ids must be a non-empty list of equal-length, non-empty id lists")
     ids = torch.tensor(rows, dtype=torch.long)
     exact = model(ids).float()
-    rounded = model(ids, backend=Fp8KVAttention()).float()
+    rounded = model(ids, backend=Fp8KVAttention(kv_dtype=kv_dtype)).float()
     diff = (rounded - exact).abs()
     spread = exact.amax(-1) - exact.amin(-1)
     agree = (rounded.argmax(-1) == exact.argmax(-1)).float()

@@ -10,7 +10,8 @@ recompute for long contexts). Per token, loading beats recompute when the tier's
 once the latency is paid.
 
 System boundary: one request, one link, no overlap with compute, nominal bandwidths and latencies
-stated by the caller (:data:`OFFLOAD_TIERS` holds round figures for one H100-class server). Units:
+stated by the caller (:data:`GPU_HBM` and :data:`OFFLOAD_TIERS` hold round figures for one
+H100-class server). Units:
 bytes, bytes/s, seconds, FLOP/s.
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from servelab._validate import require_int, require_name, require_real
 
-__all__ = ["OFFLOAD_TIERS", "OffloadTier", "recompute_seconds", "reload_breakeven_bandwidth",
+__all__ = ["GPU_HBM", "OFFLOAD_TIERS", "OffloadTier", "recompute_seconds", "reload_breakeven_bandwidth",
            "reload_seconds"]
 
 
@@ -41,15 +42,18 @@ class OffloadTier:
         require_real("capacity_bytes", self.capacity_bytes, 0, strict_min=True)
 
 
+GPU_HBM = OffloadTier("GPU HBM (prefix cache)", 3.35e12, 0.0, 80e9 - 16e9)
+"""Device memory itself: a prefix-cache hit there needs no copy at all (the block table points at
+the blocks); its capacity is an 80 GB H100-class GPU less 16 GB of weights (an 8B-class model)."""
+
 OFFLOAD_TIERS = (
-    OffloadTier("GPU HBM (prefix cache)", 3.35e12, 0.0, 80e9 - 16e9),
     OffloadTier("CPU DRAM over PCIe 5 x16", 50e9, 10e-6, 1e12),
     OffloadTier("local NVMe SSD", 6e9, 100e-6, 8e12),
     OffloadTier("remote store, 100 Gb/s network", 12.5e9, 1e-3, 100e12),
 )
-"""Round nominal figures for one H100-class server: HBM bandwidth and what is left after 16 GB of
-weights; a PCIe 5 x16 link's achievable host-to-device rate; one NVMe drive's sequential read; a
-100 Gb/s NIC. Illustrative, not measured."""
+"""Round nominal figures for the tiers below device memory on one H100-class server: a PCIe 5 x16
+link's achievable host-to-device rate, one NVMe drive's sequential read, a 100 Gb/s NIC. The
+capacities are typical per server. Illustrative, not measured."""
 
 
 def reload_seconds(tokens: int, kv_bytes_per_token: int, tier: OffloadTier) -> float:
