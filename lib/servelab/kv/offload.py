@@ -42,18 +42,18 @@ class OffloadTier:
         require_real("capacity_bytes", self.capacity_bytes, 0, strict_min=True)
 
 
-GPU_HBM = OffloadTier("GPU HBM (prefix cache)", 3.35e12, 0.0, 80e9 - 16e9)
+GPU_HBM = OffloadTier("GPU HBM (prefix cache)", 3.35e12, 0.0, 8 * 80e9 - 140e9)
 """Device memory itself: a prefix-cache hit there needs no copy at all (the block table points at
-the blocks); its capacity is an 80 GB H100-class GPU less 16 GB of weights (an 8B-class model)."""
+the blocks). Capacity: an eight-GPU server of 80 GB H100-class GPUs less a 70B model's bf16 weights."""
 
 OFFLOAD_TIERS = (
-    OffloadTier("CPU DRAM over PCIe 5 x16", 50e9, 10e-6, 1e12),
+    OffloadTier("CPU DRAM over PCIe 5 x16", 50e9, 10e-6, 2e12),
     OffloadTier("local NVMe SSD", 6e9, 100e-6, 8e12),
     OffloadTier("remote store, 100 Gb/s network", 12.5e9, 1e-3, 100e12),
 )
-"""Round nominal figures for the tiers below device memory on one H100-class server: a PCIe 5 x16
-link's achievable host-to-device rate, one NVMe drive's sequential read, a 100 Gb/s NIC. The
-capacities are typical per server. Illustrative, not measured."""
+"""Round nominal figures for the tiers below device memory of that server: one GPU's PCIe 5 x16
+link (achievable host-to-device rate), one NVMe drive's sequential read, a 100 Gb/s NIC; capacities
+are typical per server. Illustrative, not measured."""
 
 
 def reload_seconds(tokens: int, kv_bytes_per_token: int, tier: OffloadTier) -> float:
