@@ -143,3 +143,30 @@ def test_one_shot_allreduce_latency_is_flat_in_world_size():
     assert math.isclose(allreduce_seconds(msg, 1, bw, lat), 0.0)
     with pytest.raises(ValueError, match="algorithm"):
         allreduce_seconds(msg, 2, bw, lat, "tree")
+
+
+# --- figures --------------------------------------------------------------------------------------
+
+def test_frontier_figures_draw_the_library_numbers():
+    import plotly.graph_objects as go
+
+    from servelab.viz import frontier as vf
+
+    search = distserve_goodput([2, 4, 8], seeds=[0], duration_s=20.0, ttft_slo=0.5, tpot_slo=0.05,
+                               bisect_steps=1)
+    fig = vf.goodput_search_figure(search)
+    assert isinstance(fig, go.Figure) and list(fig.data[0].x) == list(search.rates)
+    assert fig.data[2].x[0] == search.goodput
+    moe = vf.moe_weight_read_figure([1, 64], {"moe": [QWEN3_30B_A3B.decode_weight_bytes(b) for b in (1, 64)]})
+    assert moe.data[0].y[0] == pytest.approx(QWEN3_30B_A3B.decode_weight_bytes(1) / 1e9)
+    tiers = vf.offload_tier_figure([64, 4096], {t.name: [1e-3, 2e-3] for t in OFFLOAD_TIERS}, [0.5, 1.0])
+    assert len(tiers.data) == len(OFFLOAD_TIERS) + 1
+    acc = vf.acceptance_length_figure([0.5, 0.9], {4: [expected_tokens_per_cycle(a, 4) for a in (0.5, 0.9)]})
+    assert acc.data[0].y[1] == pytest.approx(expected_tokens_per_cycle(0.9, 4))
+    ar = vf.allreduce_figure([2, 8], {"ring": [1e-6, 2e-6]})
+    assert list(ar.data[0].y) == pytest.approx([1.0, 2.0])
+    for builder, args in ((vf.moe_weight_read_figure, ([], {})), (vf.allreduce_figure, ([2], {}))):
+        with pytest.raises(ValueError, match="non-empty"):
+            builder(*args)
+    with pytest.raises(ValueError, match="GoodputSearch"):
+        vf.goodput_search_figure("search")
