@@ -40,8 +40,8 @@ def attainment_at(rate: float, seed: int, duration_s: float, ttft_slo: float, tp
 class GoodputSearch:
     """The sweep behind one DistServe goodput.
 
-    ``rates`` and ``worst_attainment`` are every rate simulated (grid and bisection, sorted) with the
-    lowest attainment over the seeds; ``goodput`` is the highest rate whose every seed met
+    ``rates`` and ``worst_attainment`` are every rate simulated (grid and bisection, sorted) with
+    the lowest attainment over the seeds; ``goodput`` is the highest rate whose every seed met
     ``target`` with every lower grid rate meeting it too (0 when even the lowest rate missed);
     ``first_miss`` is the lowest rate above it that missed (None when no rate missed).
     """

@@ -18,7 +18,8 @@ from servelab._validate import require_real
 __all__ = ["cost_per_1000_requests", "cost_per_million_tokens"]
 
 
-def cost_per_million_tokens(price_per_hour: float, tokens_per_s: float, utilisation: float = 1.0) -> float:
+def cost_per_million_tokens(price_per_hour: float, tokens_per_s: float,
+                            utilisation: float = 1.0) -> float:
     """Dollars per million tokens for a replica costing ``price_per_hour`` $/h that produces
     ``tokens_per_s`` tokens/s while busy and is busy a fraction ``utilisation`` of its hours."""
     price = require_real("price_per_hour", price_per_hour, 0)

@@ -22,7 +22,8 @@ import torch
 
 from servelab.model.llama import AttentionBackend, DenseCausalAttention, LlamaForCausalLM
 
-__all__ = ["E4M3_MAX", "KV_STORE_DTYPES", "Fp8KVAttention", "KVFp8Error", "fp8_round_trip", "kv_fp8_logit_error"]
+__all__ = ["E4M3_MAX", "KV_STORE_DTYPES", "Fp8KVAttention", "KVFp8Error", "fp8_round_trip",
+           "kv_fp8_logit_error"]
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)
@@ -65,7 +66,8 @@ class Fp8KVAttention:
         self.inner = inner if inner is not None else DenseCausalAttention()
         self.kv_dtype = kv_dtype
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
         return self.inner(layer, q, _stored(k, self.kv_dtype), _stored(v, self.kv_dtype))
 
 

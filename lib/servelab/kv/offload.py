@@ -3,9 +3,9 @@ beats recomputing it.
 
 A prefix or a preempted request's KV can be kept in device memory (HBM), host memory (CPU DRAM over
 PCIe), a local SSD, or a remote store over the network. Bringing ``n`` tokens back costs
-``latency + n x m_token / bandwidth``; recomputing them is a prefill, ``2 P n`` FLOPs at the device's
-achieved FLOP/s (the course's arithmetic; attention's quadratic term is left out, which favours
-recompute for long contexts). Per token, loading beats recompute when the tier's bandwidth exceeds
+``latency + n x m_token / bandwidth``; recomputing them is a prefill, ``2 P n`` FLOPs at the
+device's achieved FLOP/s (the course's arithmetic; attention's quadratic term is left out, which
+understates recompute's cost for long contexts). Per token, loading beats recompute when the tier's bandwidth exceeds
 ``m_token x achieved FLOP/s / (2 P)`` (:func:`reload_breakeven_bandwidth`), independent of ``n``
 once the latency is paid.
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from servelab._validate import require_int, require_name, require_real
 
-__all__ = ["GPU_HBM", "OFFLOAD_TIERS", "OffloadTier", "recompute_seconds", "reload_breakeven_bandwidth",
-           "reload_seconds"]
+__all__ = ["GPU_HBM", "OFFLOAD_TIERS", "OffloadTier", "recompute_seconds",
+           "reload_breakeven_bandwidth", "reload_seconds"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class OffloadTier:
 
 GPU_HBM = OffloadTier("GPU HBM (prefix cache)", 3.35e12, 0.0, 8 * 80e9 - 140e9)
 """Device memory itself: a prefix-cache hit there needs no copy at all (the block table points at
-the blocks). Capacity: an eight-GPU server of 80 GB H100-class GPUs less a 70B model's bf16 weights."""
+the blocks). Capacity: an eight-GPU server of 80 GB H100-class GPUs less a 70B model's bf16
+weights."""
 
 OFFLOAD_TIERS = (
     OffloadTier("CPU DRAM over PCIe 5 x16", 50e9, 10e-6, 2e12),
@@ -66,15 +67,16 @@ def reload_seconds(tokens: int, kv_bytes_per_token: int, tier: OffloadTier) -> f
 
 
 def recompute_seconds(tokens: int, params: float, achieved_flops: float) -> float:
-    """Seconds to recompute ``tokens`` tokens of KV by prefill: ``2 P n`` FLOPs at ``achieved_flops``
-    FLOP/s (peak x model-FLOP utilisation)."""
+    """Seconds to recompute ``tokens`` tokens of KV by prefill: ``2 P n`` FLOPs at
+    ``achieved_flops`` FLOP/s (peak x model-FLOP utilisation)."""
     n = require_int("tokens", tokens, 0)
     p = require_real("params", params, 0, strict_min=True)
     f = require_real("achieved_flops", achieved_flops, 0, strict_min=True)
     return 2 * p * n / f
 
 
-def reload_breakeven_bandwidth(kv_bytes_per_token: int, params: float, achieved_flops: float) -> float:
+def reload_breakeven_bandwidth(kv_bytes_per_token: int, params: float,
+                               achieved_flops: float) -> float:
     """Link bandwidth (bytes/s) above which reloading KV beats recomputing it, latency aside:
     ``m_token / bandwidth < 2 P / achieved FLOP/s``."""
     m = require_int("kv_bytes_per_token", kv_bytes_per_token, 1)

@@ -97,7 +97,8 @@ class MoEShape:
     @property
     def kv_bytes_per_token(self) -> int:
         """KV cache per token: attention's shape only, the experts add nothing."""
-        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, self.bytes_per_elem)
+        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim,
+                                  self.bytes_per_elem)
 
     def decode_weight_bytes(self, batch: int) -> float:
         """Expected weight bytes one decode step of ``batch`` tokens reads: everything but the
@@ -108,14 +109,15 @@ class MoEShape:
 
 def experts_touched(n_experts: int, top_k: int, batch: int) -> float:
     """Expected number of distinct experts of one layer chosen by ``batch`` tokens, each picking
-    ``top_k`` of ``n_experts`` uniformly: ``E (1 - (1 - k/E)^batch)``. Real routers are skewed, which
-    touches fewer experts per step but loads some of them more."""
+    ``top_k`` of ``n_experts`` uniformly: ``E (1 - (1 - k/E)^batch)``. Real routers are skewed,
+    which touches fewer experts per step but loads some of them more."""
     e = require_int("n_experts", n_experts, 1)
     k = require_int("top_k", top_k, 1, e)
     b = require_int("batch", batch, 1)
     return e * (1 - (1 - k / e) ** b)
 
 
-QWEN3_30B_A3B = MoEShape(name="Qwen3-30B-A3B", n_layers=48, hidden_size=2048, n_heads=32, n_kv_heads=4,
-                         head_dim=128, n_experts=128, top_k=8, expert_ffn=768, vocab_size=151_936)
+QWEN3_30B_A3B = MoEShape(name="Qwen3-30B-A3B", n_layers=48, hidden_size=2048, n_heads=32,
+                         n_kv_heads=4, head_dim=128, n_experts=128, top_k=8, expert_ffn=768,
+                         vocab_size=151_936)
 """Qwen3-30B-A3B's shape from its published ``config.json``, in bf16."""

@@ -36,7 +36,8 @@ def cycle_cost(draft_len: int, draft_cost: float, verify_cost: float = 1.0) -> f
 
 def speedup_over_decode(acceptance_rate: float, draft_len: int, draft_cost: float,
                         verify_cost: float = 1.0) -> float:
-    """Tokens per target-step-equivalent: mean acceptance length over the cycle's cost (> 1 pays)."""
+    """Tokens per target-step equivalent: mean acceptance length over the cycle's cost
+    (above 1 speculation pays)."""
     tau = expected_tokens_per_cycle(acceptance_rate, draft_len)
     return tau / cycle_cost(draft_len, draft_cost, verify_cost)
 

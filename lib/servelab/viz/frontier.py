@@ -35,13 +35,15 @@ def goodput_search_figure(search: GoodputSearch) -> go.Figure:
                    line={"color": PALETTE[0]},
                    hovertemplate=f"goodput {search.goodput:.2f} req/s<extra></extra>"),
     ])
-    fig.update_layout(height=380, title="Goodput as a capacity: the highest rate meeting the target",
+    fig.update_layout(height=380,
+                      title="Goodput as a capacity: the highest rate meeting the target",
                       xaxis_title="offered load (requests/s)", yaxis_title="SLO attainment",
                       yaxis_range=[0, 1.02], legend={"orientation": "h", "y": -0.25})
     return fig
 
 
-def moe_weight_read_figure(batches: Sequence[int], curves: Mapping[str, Sequence[float]]) -> go.Figure:
+def moe_weight_read_figure(batches: Sequence[int],
+                           curves: Mapping[str, Sequence[float]]) -> go.Figure:
     """Weight bytes (GB) one decode step reads against the batch, one line per model."""
     if not batches or not curves:
         raise ValueError("batches and curves must be non-empty")
@@ -57,11 +59,12 @@ def moe_weight_read_figure(batches: Sequence[int], curves: Mapping[str, Sequence
 
 def offload_tier_figure(tokens: Sequence[int], reload_s: Mapping[str, Sequence[float]],
                         recompute_s: Sequence[float]) -> go.Figure:
-    """Seconds to bring a context's KV back from each tier, against recomputing it, vs its length."""
+    """Seconds to bring a context's KV back from each tier, and to recompute it, vs its length."""
     if not tokens or not reload_s:
         raise ValueError("tokens and reload_s must be non-empty")
     fig = go.Figure([go.Scatter(x=list(tokens), y=[s * 1e3 for s in ys], mode="lines",
-                                name=f"reload from {name}", line={"color": PALETTE[i % len(PALETTE)]},
+                                name=f"reload from {name}",
+                                line={"color": PALETTE[i % len(PALETTE)]},
                                 hovertemplate="%{x} tokens: %{y:.2f} ms<extra></extra>")
                      for i, (name, ys) in enumerate(reload_s.items())])
     fig.add_trace(go.Scatter(x=list(tokens), y=[s * 1e3 for s in recompute_s], mode="lines",
@@ -73,8 +76,9 @@ def offload_tier_figure(tokens: Sequence[int], reload_s: Mapping[str, Sequence[f
     return fig
 
 
-def acceptance_length_figure(rates: Sequence[float], lengths: Mapping[int, Sequence[float]]) -> go.Figure:
-    """Mean acceptance length (tokens per verify step) against per-token acceptance, per draft length."""
+def acceptance_length_figure(rates: Sequence[float],
+                             lengths: Mapping[int, Sequence[float]]) -> go.Figure:
+    """Mean acceptance length (tokens per verify) against per-token acceptance, per draft length."""
     if not rates or not lengths:
         raise ValueError("rates and lengths must be non-empty")
     fig = go.Figure([go.Scatter(x=list(rates), y=list(ys), mode="lines", name=f"k = {k} drafted",
@@ -88,7 +92,8 @@ def acceptance_length_figure(rates: Sequence[float], lengths: Mapping[int, Seque
     return fig
 
 
-def allreduce_figure(world_sizes: Sequence[int], seconds: Mapping[str, Sequence[float]]) -> go.Figure:
+def allreduce_figure(world_sizes: Sequence[int],
+                     seconds: Mapping[str, Sequence[float]]) -> go.Figure:
     """Microseconds of one all-reduce against the number of ranks, one line per algorithm."""
     if not world_sizes or not seconds:
         raise ValueError("world_sizes and seconds must be non-empty")
