@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servelab.kv.fp8 import E4M3_MAX, fp8_round_trip, kv_fp8_logit_error
+from servelab.kv.fp8 import (E4M3_MAX, Fp8KVAttention, fp8_round_trip, fp8_round_trip_per_head,
+                             kv_fp8_logit_error, kv_store_logit_errors)
 from servelab.model import load_checkpoint
 
 
@@ -36,3 +37,20 @@ def test_fp8_kv_changes_logits_a_little_on_the_course_model():
         kv_fp8_logit_error(model, ids, kv_dtype=torch.int8)
     with pytest.raises(ValueError, match="equal-length"):
         kv_fp8_logit_error(model, [[1, 2], [3]])
+
+
+def test_per_head_scales_follow_each_head_and_one_exact_pass_serves_every_store():
+    x = torch.stack([torch.linspace(-1, 1, 64), 100 * torch.linspace(-1, 1, 64)], dim=-1)  # [64, 2]
+    x = x.unsqueeze(-1).expand(64, 2, 4).contiguous()  # [tokens, heads, head_dim]
+    per_tensor, per_head = fp8_round_trip(x), fp8_round_trip_per_head(x)
+    small = slice(0, 64), 0
+    assert (per_head[small] - x[small]).abs().max() < (per_tensor[small] - x[small]).abs().max()
+    with pytest.raises(ValueError, match="heads, head_dim"):
+        fp8_round_trip_per_head(torch.ones(3))
+    model = load_checkpoint(device="cpu", dtype=torch.float32)
+    ids = [list(range(1, 33))]
+    errs = kv_store_logit_errors(model, ids, {"t": Fp8KVAttention(), "h": Fp8KVAttention(per_head=True)})
+    assert errs["t"] == kv_fp8_logit_error(model, ids)
+    assert errs["h"] == kv_fp8_logit_error(model, ids, per_head=True)
+    with pytest.raises(ValueError, match="stores"):
+        kv_store_logit_errors(model, ids, {})

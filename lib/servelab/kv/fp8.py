@@ -15,7 +15,7 @@ Imports torch (not re-exported from :mod:`servelab.kv`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +23,7 @@ import torch
 from servelab.model.llama import AttentionBackend, DenseCausalAttention, LlamaForCausalLM
 
 __all__ = ["E4M3_MAX", "KV_STORE_DTYPES", "Fp8KVAttention", "KVFp8Error", "fp8_round_trip",
-           "kv_fp8_logit_error"]
+           "fp8_round_trip_per_head", "kv_fp8_logit_error", "kv_store_logit_errors"]
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)
@@ -47,28 +47,43 @@ def fp8_round_trip(x: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     return (stored.float() * scale).to(x.dtype)
 
 
+def fp8_round_trip_per_head(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (``[..., heads, head_dim]``) stored as e4m3 with one scale per head (``max|x|`` of that
+    head over every other axis, / 448) and read back in ``x``'s dtype."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2:
+        raise ValueError("x must be a floating-point torch.Tensor of shape [..., heads, head_dim]")
+    axes = tuple(i for i in range(x.dim()) if i != x.dim() - 2)
+    scale = (x.detach().float().abs().amax(dim=axes, keepdim=True) / E4M3_MAX).clamp_min(1e-12)
+    stored = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return (stored.float() * scale).to(x.dtype)
+
+
 KV_STORE_DTYPES = (E4M3, torch.bfloat16, torch.float16)
-"""Cache dtypes :class:`Fp8KVAttention` can store in: e4m3 with a per-tensor scale, or a 16-bit cast
-(the reference an FP8 cache is usually compared with)."""
+"""Cache dtypes :class:`Fp8KVAttention` can store in: e4m3 with a per-tensor (or per-head) scale,
+or a 16-bit cast (the reference an FP8 cache is usually compared with)."""
 
 
-def _stored(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return fp8_round_trip(x) if dtype == E4M3 else x.to(dtype).to(x.dtype)
+def _stored(x: torch.Tensor, dtype: torch.dtype, per_head: bool) -> torch.Tensor:
+    if dtype != E4M3:
+        return x.to(dtype).to(x.dtype)
+    return fp8_round_trip_per_head(x) if per_head else fp8_round_trip(x)
 
 
 class Fp8KVAttention:
-    """An attention backend whose K and V pass through a cache of ``kv_dtype`` (default e4m3)
-    before attention reads them."""
+    """An attention backend whose K and V pass through a cache of ``kv_dtype`` (default e4m3, one
+    scale per tensor, or per KV head with ``per_head``) before attention reads them."""
 
-    def __init__(self, inner: AttentionBackend | None = None, kv_dtype: torch.dtype = E4M3) -> None:
+    def __init__(self, inner: AttentionBackend | None = None, kv_dtype: torch.dtype = E4M3,
+                 per_head: bool = False) -> None:
         if kv_dtype not in KV_STORE_DTYPES:
             raise ValueError(f"kv_dtype must be one of {KV_STORE_DTYPES}, got {kv_dtype!r}")
         self.inner = inner if inner is not None else DenseCausalAttention()
-        self.kv_dtype = kv_dtype
+        self.kv_dtype, self.per_head = kv_dtype, bool(per_head)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
-        return self.inner(layer, q, _stored(k, self.kv_dtype), _stored(v, self.kv_dtype))
+        return self.inner(layer, q, _stored(k, self.kv_dtype, self.per_head),
+                          _stored(v, self.kv_dtype, self.per_head))
 
 
 @dataclass(frozen=True)
@@ -87,22 +102,39 @@ class KVFp8Error:
     top1_agreement: float
 
 
-@torch.no_grad()
-def kv_fp8_logit_error(model: LlamaForCausalLM, token_ids: Sequence[Sequence[int]],
-                       kv_dtype: torch.dtype = E4M3) -> KVFp8Error:
-    """Run ``token_ids`` (equal-length rows of ids) through ``model`` twice, with exact K/V and with
-    K/V stored in ``kv_dtype`` (default e4m3), and compare the logits at every position."""
-    if not isinstance(model, LlamaForCausalLM):
-        raise ValueError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
+def _token_ids(token_ids: object) -> torch.Tensor:
     rows = [list(r) for r in token_ids] if isinstance(token_ids, Sequence) else []
     if not rows or not rows[0] or any(len(r) != len(rows[0]) for r in rows):
         raise ValueError("token_ids must be a non-empty list of equal-length, non-empty id lists")
-    ids = torch.tensor(rows, dtype=torch.long)
-    exact = model(ids).float()
-    rounded = model(ids, backend=Fp8KVAttention(kv_dtype=kv_dtype)).float()
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def _error(exact: torch.Tensor, rounded: torch.Tensor) -> KVFp8Error:
     diff = (rounded - exact).abs()
     spread = exact.amax(-1) - exact.amin(-1)
     agree = (rounded.argmax(-1) == exact.argmax(-1)).float()
-    return KVFp8Error(positions=ids.numel(), max_abs_logit_diff=float(diff.max()),
+    return KVFp8Error(positions=exact.shape[:-1].numel(), max_abs_logit_diff=float(diff.max()),
                       mean_abs_logit_diff=float(diff.mean()), logit_range=float(spread.mean()),
                       top1_agreement=float(agree.mean()))
+
+
+@torch.no_grad()
+def kv_store_logit_errors(model: LlamaForCausalLM, token_ids: Sequence[Sequence[int]],
+                          stores: Mapping[str, Fp8KVAttention]) -> dict[str, KVFp8Error]:
+    """Run ``token_ids`` (equal-length rows of ids) through ``model`` once with exact K/V and once
+    per named cache backend of ``stores``, and compare the logits at every position."""
+    if not isinstance(model, LlamaForCausalLM):
+        raise ValueError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
+    ids = _token_ids(token_ids)
+    if not stores or not all(isinstance(b, Fp8KVAttention) for b in stores.values()):
+        raise ValueError("stores must map names to Fp8KVAttention backends (at least one)")
+    exact = model(ids).float()
+    return {name: _error(exact, model(ids, backend=backend).float())
+            for name, backend in stores.items()}
+
+
+def kv_fp8_logit_error(model: LlamaForCausalLM, token_ids: Sequence[Sequence[int]],
+                       kv_dtype: torch.dtype = E4M3, per_head: bool = False) -> KVFp8Error:
+    """:func:`kv_store_logit_errors` for one cache: K/V stored in ``kv_dtype`` (default e4m3)."""
+    store = Fp8KVAttention(kv_dtype=kv_dtype, per_head=per_head)
+    return kv_store_logit_errors(model, token_ids, {"cache": store})["cache"]
