@@ -7,7 +7,7 @@ import torch
 
 from servelab.kv import kv_bytes_per_token
 from servelab.kv.footprint import kv_transfer_seconds, mla_kv_bytes_per_token, sequence_kv_bytes
-from servelab.kv.fp8 import E4M3_MAX, E4M3_UNIT_ROUNDOFF, fp8_relative_error, fp8_roundtrip
+from servelab.kv.fp8 import E4M3_MAX, E4M3_UNIT_ROUNDOFF, fp8_relative_error, fp8_round_trip
 
 
 def test_mla_caches_one_latent_per_layer():
@@ -47,7 +47,7 @@ def test_bad_arguments_name_the_parameter(call, name):
 
 def test_fp8_round_trip_stays_within_the_unit_roundoff():
     x = torch.randn(256, 64, generator=torch.Generator().manual_seed(1))
-    back = fp8_roundtrip(x)
+    back = fp8_round_trip(x)
     assert back.dtype == x.dtype and back.shape == x.shape and not torch.equal(back, x)
     scale = x.abs().max() / E4M3_MAX
     normal = x.abs() >= scale * 2.0 ** -6  # e4m3's smallest normal, scaled
@@ -58,7 +58,7 @@ def test_fp8_round_trip_stays_within_the_unit_roundoff():
 
 def test_fp8_keeps_the_maximum_and_zero_exactly():
     x = torch.tensor([0.0, -3.0, 1.5, 0.0])
-    assert torch.equal(fp8_roundtrip(x), x)
+    assert torch.equal(fp8_round_trip(x), x)
     assert fp8_relative_error(torch.zeros(3)) == 0.0
 
 

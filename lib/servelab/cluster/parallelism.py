@@ -23,7 +23,9 @@ from servelab.cluster.assumptions import Accelerator
 from servelab.roofline import ModelShape, decode_cost
 
 __all__ = [
+    "ALLREDUCE_ALGORITHMS",
     "EPTraffic",
+    "allreduce_seconds",
     "TPStep",
     "ep_all_to_all_bytes",
     "expert_rank_loads",
@@ -82,14 +84,40 @@ class TPStep:
         return self.compute_s + self.comm_s
 
 
+ALLREDUCE_ALGORITHMS = ("ring", "one-shot")
+"""How :func:`tp_decode_step` times an all-reduce: ``"ring"`` (the course's model, ``2(t-1)`` link
+latencies and :func:`ring_allreduce_bytes`) or ``"one-shot"`` (every rank reads every peer's whole
+message at once over an all-to-all fabric such as NVLink: one link latency, ``(t-1) M`` bytes
+received per rank), the shape of custom all-reduce kernels and NCCL's low-latency protocols for the
+small messages of decode, whose latency is nearly flat in ``t``."""
+
+
+def allreduce_seconds(message_bytes: float, world_size: int, link_bandwidth: float,
+                      link_latency_s: float, algorithm: str = "ring") -> float:
+    """Seconds of one all-reduce of ``message_bytes`` over ``world_size`` ranks (0 for one rank)."""
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {algorithm!r}")
+    m = require_real("message_bytes", message_bytes, 0)
+    t = require_int("world_size", world_size, 1)
+    bw = require_real("link_bandwidth", link_bandwidth, 0, strict_min=True)
+    lat = require_real("link_latency_s", link_latency_s, 0)
+    if t == 1:
+        return 0.0
+    if algorithm == "ring":
+        return 2 * (t - 1) * lat + ring_allreduce_bytes(m, t) / bw
+    return lat + (t - 1) * m / bw
+
+
 def tp_decode_step(model: ModelShape, tp: int, device: Accelerator, link_bandwidth: float,
-                   link_latency_s: float, batch: int = 1, context_len: int = 1024, mfu: float = 1.0) -> TPStep:
+                   link_latency_s: float, batch: int = 1, context_len: int = 1024, mfu: float = 1.0,
+                   allreduce: str = "ring") -> TPStep:
     """Time one decode step of ``batch`` sequences at ``context_len`` tokens on ``tp`` ranks.
 
     Compute: :func:`servelab.roofline.decode_cost` split evenly over the ranks, timed on ``device``
     at model-FLOP utilisation ``mfu`` (1 = the roofline bound).
-    Communication: per layer two ring all-reduces of ``batch x hidden`` activations; each ring step
-    costs ``link_latency_s`` plus its bytes over ``link_bandwidth`` (bytes/s per rank).
+    Communication: per layer two all-reduces of ``batch x hidden`` activations, timed by
+    :func:`allreduce_seconds` with ``allreduce`` (``"ring"``: each of the ``2(t-1)`` ring steps costs
+    ``link_latency_s`` plus its bytes over ``link_bandwidth``, bytes/s per rank).
     """
     if not isinstance(model, ModelShape):
         raise TypeError(f"model must be a ModelShape, got {type(model).__name__}")
@@ -101,10 +129,10 @@ def tp_decode_step(model: ModelShape, tp: int, device: Accelerator, link_bandwid
     cost = decode_cost(model, context_len, batch)
     compute = device.seconds(cost.flops / t, cost.bytes / t, mfu)
     per_allreduce = batch * model.hidden_size * model.bytes_per_elem  # one of the layer's two all-reduces
-    sent_per_allreduce = ring_allreduce_bytes(per_allreduce, t)
+    sent_per_allreduce = (ring_allreduce_bytes(per_allreduce, t) if allreduce == "ring"
+                          else (t - 1) * per_allreduce)
     n_allreduce = 2 * model.n_layers
-    ring_steps = 2 * (t - 1)
-    comm = n_allreduce * (ring_steps * lat + sent_per_allreduce / bw) if t > 1 else 0.0
+    comm = n_allreduce * allreduce_seconds(per_allreduce, t, bw, lat, allreduce)
     return TPStep(t, compute, comm, n_allreduce * sent_per_allreduce)
 
 

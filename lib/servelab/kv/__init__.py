@@ -9,7 +9,8 @@ view of the pool, and (torch) what evicting old tokens' KV does.
 * :mod:`~servelab.kv.inspection`: ``BlockPoolView`` (``BlockAllocator.inspect()``): snapshots, checks.
 * :mod:`~servelab.kv.eviction`: dropping the oldest tokens' KV (imports torch; not re-exported here).
 * :mod:`~servelab.kv.footprint`: KV bytes for MLA, sliding-window and hybrid stacks; transfer time.
-* :mod:`~servelab.kv.fp8`: an e4m3 round trip and its error (imports torch; not re-exported here).
+* :mod:`~servelab.kv.fp8`: an e4m3 round trip, its error, and an FP8 KV cache as an attention backend
+  with its measured logit error (imports torch; not re-exported here).
 """
 
 from servelab.kv.allocator import BlockAllocator, BlockCopy, DoubleFreeError, OutOfBlocks, PromptAllocation
