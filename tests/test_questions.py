@@ -570,14 +570,13 @@ def test_e2_fp8_numbers_match_the_library():
 
 def test_e3_moe_numbers_match_the_library():
     from servelab.kv import kv_bytes_per_token
-    from servelab.questions.moe import MIXTRAL_8X7B, QWEN3_30B_A3B, expected_distinct_experts, moe_param_counts
+    from servelab.roofline.moe import MIXTRAL_8X7B as mixtral, QWEN3_30B_A3B as qwen, experts_touched
 
     text = squash(answer_text("E3"))
-    qwen, mixtral = moe_param_counts(QWEN3_30B_A3B), moe_param_counts(MIXTRAL_8X7B)
-    assert f"{qwen.total / 1e9:.2f}B total and {qwen.active / 1e9:.2f}B active" in text
-    assert f"about {qwen.total * 2 / 1e9:.0f} GB in bf16" in text
-    assert f"{mixtral.total / 1e9:.1f}B total, {mixtral.active / 1e9:.1f}B active" in text
-    hit = [expected_distinct_experts(128, 8, t) for t in (1, 16, 64)]
+    assert f"{qwen.total_params / 1e9:.2f}B total and {qwen.active_params / 1e9:.2f}B active" in text
+    assert f"about {qwen.weight_bytes / 1e9:.0f} GB in bf16" in text
+    assert f"{mixtral.total_params / 1e9:.1f}B total, {mixtral.active_params / 1e9:.1f}B active" in text
+    hit = [experts_touched(128, 8, t) for t in (1, 16, 64)]
     assert f"{hit[0]:.0f} at batch 1 but {hit[1]:.1f} at 16 and {hit[2]:.1f} of 128 at 64" in text
     assert f"{kv_bytes_per_token(48, 4, 128, 2):,} bytes per token" in text
 

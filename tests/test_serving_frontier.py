@@ -17,7 +17,7 @@ from servelab.kv.offload import (GPU_HBM, OFFLOAD_TIERS, OffloadTier, recompute_
                                  reload_breakeven_bandwidth, reload_seconds)
 from servelab.roofline import ModelShape, decode_cost
 from servelab.roofline.kernels import decode_attention_cost, decode_weight_cost, first_batch_at_ridge
-from servelab.roofline.moe import QWEN3_30B_A3B, MoEShape, experts_touched
+from servelab.roofline.moe import MIXTRAL_8X7B, QWEN3_30B_A3B, MoEShape, experts_touched
 from servelab.sampling.draft_heads import (acceptance_rate_for_length, cycle_cost,
                                            speedup_over_decode)
 
@@ -31,6 +31,8 @@ def test_qwen3_moe_totals_match_the_published_sizes():
     assert QWEN3_30B_A3B.total_params / 1e9 == pytest.approx(30.5, abs=0.05)
     assert QWEN3_30B_A3B.active_params / 1e9 == pytest.approx(3.3, abs=0.06)
     assert QWEN3_30B_A3B.kv_bytes_per_token == 2 * 48 * 4 * 128 * 2
+    assert round(MIXTRAL_8X7B.total_params / 1e9, 1) == 46.7        # Mixtral's published 46.7B
+    assert abs(MIXTRAL_8X7B.active_params / 1e9 - 12.9) < 0.06      # and 12.9B active
 
 
 def test_moe_weights_follow_total_and_flops_follow_active():
@@ -44,6 +46,9 @@ def test_moe_weights_follow_total_and_flops_follow_active():
 def test_experts_touched_grows_from_top_k_to_all():
     assert experts_touched(128, 8, 1) == pytest.approx(8)
     assert experts_touched(128, 8, 10_000) == pytest.approx(128)
+    assert experts_touched(128, 8, 0) == 0
+    with pytest.raises(ValueError, match="batch"):
+        experts_touched(8, 2, -1)
     small, big = (QWEN3_30B_A3B.decode_weight_bytes(b) for b in (1, 512))
     assert small == pytest.approx(2 * QWEN3_30B_A3B.active_params, rel=1e-6)
     assert big == pytest.approx(QWEN3_30B_A3B.weight_bytes, rel=1e-3)

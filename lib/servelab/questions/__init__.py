@@ -2,8 +2,9 @@
 
 ``bank.yaml`` in this package is the single source: ``load_bank()`` validates and reads it, ``render``
 turns it into the book's MyST, ``export`` writes student assignments and answer keys, ``design``
-computes the design exercise's table with ``servelab.capacity``; ``moe`` and ``reduction`` hold the
-arithmetic the engine questions quote (MoE parameter counts, a split reduction). Command line::
+computes the design exercise's table with ``servelab.capacity``; ``reduction`` holds the split
+reduction that the batch-invariance question quotes (MoE counts come from
+``servelab.roofline.moe``). Command line::
 
     python -m servelab.questions export --tiers L1,L2 --format notebook,markdown --out DIR
 """

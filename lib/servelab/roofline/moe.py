@@ -7,9 +7,10 @@ attention alone, so it is the same as a dense model with that attention. A decod
 reads the weights of every expert *any* of its tokens chose, which grows from the active set at
 batch 1 towards the total as the batch grows (:func:`experts_touched`).
 
-:data:`QWEN3_30B_A3B` holds the shape fields of the published ``config.json`` of Qwen3-30B-A3B
-(48 layers, hidden 2048, 32 query and 4 KV heads of 128, 128 experts of width 768, top 8, vocabulary
-151,936, untied embeddings). Norm weights are left out (under 0.01 % of the parameters).
+:data:`QWEN3_30B_A3B` and :data:`MIXTRAL_8X7B` hold the shape fields of the published
+``config.json`` files; the counts reproduce the published totals (30.5B / 3.3B and 46.7B / 12.9B).
+Counted: attention projections, expert MLPs (gate, up, down), routers, embeddings and the LM head;
+norm weights are left out (under 0.01 % of the parameters).
 Units: parameters, bytes, FLOPs.
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from servelab._validate import require_int
 from servelab.kv import kv_bytes_per_token
 
-__all__ = ["MoEShape", "QWEN3_30B_A3B", "experts_touched"]
+__all__ = ["MIXTRAL_8X7B", "MoEShape", "QWEN3_30B_A3B", "experts_touched"]
 
 
 @dataclass(frozen=True)
@@ -109,11 +110,12 @@ class MoEShape:
 
 def experts_touched(n_experts: int, top_k: int, batch: int) -> float:
     """Expected number of distinct experts of one layer chosen by ``batch`` tokens, each picking
-    ``top_k`` of ``n_experts`` uniformly: ``E (1 - (1 - k/E)^batch)``. Real routers are skewed,
+    ``top_k`` of ``n_experts`` uniformly and independently: ``E (1 - (1 - k/E)^batch)`` (0 for an
+    empty batch, ``top_k`` for one token). Real routers are skewed,
     which touches fewer experts per step but loads some of them more."""
     e = require_int("n_experts", n_experts, 1)
     k = require_int("top_k", top_k, 1, e)
-    b = require_int("batch", batch, 1)
+    b = require_int("batch", batch, 0)
     return e * (1 - (1 - k / e) ** b)
 
 
@@ -121,3 +123,7 @@ QWEN3_30B_A3B = MoEShape(name="Qwen3-30B-A3B", n_layers=48, hidden_size=2048, n_
                          n_kv_heads=4, head_dim=128, n_experts=128, top_k=8, expert_ffn=768,
                          vocab_size=151_936)
 """Qwen3-30B-A3B's shape from its published ``config.json``, in bf16."""
+
+MIXTRAL_8X7B = MoEShape(name="Mixtral-8x7B", n_layers=32, hidden_size=4096, n_heads=32, n_kv_heads=8,
+                        head_dim=128, n_experts=8, top_k=2, expert_ffn=14336, vocab_size=32000)
+"""Mixtral-8x7B's shape from its published ``config.json``, in bf16."""
