@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab._validate import require_int, require_name, require_real
+from servelab.kv.footprint import kv_transfer_seconds
 
 __all__ = ["GPU_HBM", "OFFLOAD_TIERS", "OffloadTier", "recompute_seconds",
            "reload_breakeven_bandwidth", "reload_seconds"]
@@ -59,11 +60,10 @@ are typical per server. Illustrative, not measured."""
 
 def reload_seconds(tokens: int, kv_bytes_per_token: int, tier: OffloadTier) -> float:
     """Seconds to copy ``tokens`` tokens of KV from ``tier`` into device memory."""
-    n = require_int("tokens", tokens, 0)
     m = require_int("kv_bytes_per_token", kv_bytes_per_token, 1)
     if not isinstance(tier, OffloadTier):
         raise ValueError(f"tier must be an OffloadTier, got {type(tier).__name__}")
-    return tier.latency_s + n * m / tier.bandwidth
+    return tier.latency_s + kv_transfer_seconds(tokens, m, tier.bandwidth)
 
 
 def recompute_seconds(tokens: int, params: float, achieved_flops: float) -> float:
