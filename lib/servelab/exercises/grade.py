@@ -79,8 +79,21 @@ def _zero_rows(exercise: Exercise, checks: tuple, note: str, seed: int) -> list[
     return rows
 
 
-def _note(log: CaseLog, detail: str) -> str:
-    """A failed case's note: the refused import, the limit, or the calls made and what they returned."""
+def _collapsed(calls: list[str]) -> list[str]:
+    """Consecutive identical lines as one, with how many times it happened."""
+    out: list[tuple[str, int]] = []
+    for line in calls:
+        if out and out[-1][0] == line:
+            out[-1] = (line, out[-1][1] + 1)
+        else:
+            out.append((line, 1))
+    return [line if times == 1 else f"{line} ({times} identical calls)" for line, times in out]
+
+
+def _note(log: CaseLog, detail: str, feedback: str = "") -> str:
+    """A failed case's note: the refused operation, the limit, then the checker's feedback (the rule
+    broken, the input and what came back, never the expected value) or else the calls made and what
+    they returned, identical calls collapsed."""
     head = []
     if log.refused:
         head.append(f"refused import: {', '.join(dict.fromkeys(log.refused))}")
@@ -90,10 +103,13 @@ def _note(log: CaseLog, detail: str) -> str:
         head.append("printed more than the output limit")
     if detail == "not implemented yet":
         head.append(detail)
-    calls = log.calls[-_MAX_LOG_LINES:]
-    skipped = len(log.calls) - len(calls)
-    steps = [f"... {count(skipped, 'earlier call')}"] if skipped else []
-    return "\n".join([*head, *steps, *calls]) or "the answer differs from the hidden case's expected one"
+    if feedback:
+        return "\n".join([*head, feedback])
+    lines = _collapsed(log.calls)
+    calls = lines[-_MAX_LOG_LINES:]
+    skipped = len(lines) - len(calls)
+    steps = [f"... {count(skipped, 'earlier line')}"] if skipped else []
+    return "\n".join([*head, *steps, *calls]) or "the answer differs from the hidden case's"
 
 
 def _run_check(worker: Worker, check: object, names: tuple[str, ...], kinds: dict, seed: int,
@@ -110,7 +126,7 @@ def _run_check(worker: Worker, check: object, names: tuple[str, ...], kinds: dic
         result: CheckResult = check(*proxies, verbose=False, seed=seed)
     logs += [CaseLog()] * (len(result.cases) - len(logs))
     return [CaseGrade("", exercise.stem, c.name, c.points, c.max_points,
-                      "" if c.passed and not log.refused else _note(log, c.detail))
+                      "" if c.passed and not log.refused else _note(log, c.detail, c.feedback))
             for c, log in zip(result.cases, logs)]
 
 
