@@ -36,7 +36,7 @@ from servelab.exercises.grade import CaseGrade, grade_notebook
 from servelab.exercises.isolation import IsolationUnavailable, choose
 from servelab.exercises.reaper import hide_process_state, reaping
 from servelab.exercises.sandbox import Limits
-from servelab.exercises.submissions import _stem_in
+from servelab.exercises.submissions import exercise_in_name
 
 __all__ = ["HIDDEN", "build", "main", "results", "run"]
 
@@ -121,7 +121,7 @@ def _notebooks(submission: Path) -> dict[str, tuple[Path, bytes]]:
     """The first notebook (by path) for each exercise found under ``submission``, with its bytes."""
     found: dict[str, tuple[Path, bytes]] = {}
     for path in sorted(submission.rglob("*.ipynb")) if submission.is_dir() else ():
-        stem = _stem_in(path.name)
+        stem = exercise_in_name(path.name)
         if stem and stem not in found and ".ipynb_checkpoints" not in path.parts:
             found[stem] = (path, path.read_bytes())
     return found

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from servelab.exercises.catalog import EXERCISES
 
-__all__ = ["Skipped", "Snapshot", "Submission", "changed_files", "find_submissions", "snapshot"]
+__all__ = ["Skipped", "Snapshot", "Submission", "changed_files", "exercise_in_name", "find_submissions",
+           "snapshot"]
 
 _CANVAS = re.compile(r"^(?P<student>[^_]+?)(?:_LATE)?_(?P<id>\d+)_(?P<sub>\d+)_(?P<file>.+)$")
 _MOODLE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_")
@@ -46,7 +47,8 @@ class Skipped:
     reason: str
 
 
-def _stem_in(name: str) -> str | None:
+def exercise_in_name(name: str) -> str | None:
+    """The exercise stem a file name holds (``ex05-goodput (1).ipynb``), else by number (``ex05…``), or None."""
     lower = name.lower()
     for stem in EXERCISES:
         if stem in lower:
@@ -81,7 +83,7 @@ def _classify(path: Path, folder: Path) -> Submission | Skipped:
     if isinstance(owner, str):
         return Skipped(path, owner)
     student, lms_id, file_part = owner
-    stem = _stem_in(file_part)
+    stem = exercise_in_name(file_part)
     if stem is None:
         return Skipped(path, f"no exercise in its name (one of {', '.join(sorted(EXERCISES))})")
     return Submission(student.strip(), stem, path, lms_id)
