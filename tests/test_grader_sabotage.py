@@ -7,7 +7,8 @@ audit hook through ``ctypes``), fill the disk, connect to a server on 127.0.0.1,
 notebook, close or flood the reply pipe. The saboteurs know every path (the worst case). Asserted: the
 sheet is written, the honest students score exactly what they score graded alone, every saboteur scores
 0 with a note naming what was refused or what failed, every input file is byte-identical afterwards,
-nothing new appears beside the sheet, and the server saw no connection.
+nothing new appears beside the sheet, and the server saw no connection. Where bubblewrap is refused
+(the fallback): a worker with a uid of its own cannot signal the grader, even around the audit hook.
 """
 
 from __future__ import annotations
@@ -270,15 +271,56 @@ def test_without_isolation_the_grader_refuses_or_warns_by_name(monkeypatch, tmp_
         isolation.choose()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a separate uid needs root")
-def test_a_separate_uid_cannot_signal_the_grader(monkeypatch, tmp_path):
-    from servelab.exercises import isolation
-    from servelab.exercises.grade import grade_notebook
-
-    if not isolation._reachable_by_others():
-        pytest.skip("this interpreter lives where other uids cannot run it")
-    body = "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n    return float(os.getuid())"
-    _write(_goodput(body), tmp_path / "eve__ex05-goodput.ipynb")
-    rows = grade_notebook(tmp_path / "eve__ex05-goodput.ipynb", "eve", int(SEED),
+UID_SCRIPT = """
+import json, sys, tempfile
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_grading import _goodput, _write
+from servelab.exercises import isolation
+from servelab.exercises.grade import grade_notebook
+folder, found = Path(tempfile.mkdtemp()), {{}}
+for name, body in json.loads(sys.argv[1]).items():
+    _write(_goodput(body), folder / f"{{name}}__ex05-goodput.ipynb")
+    rows = grade_notebook(folder / f"{{name}}__ex05-goodput.ipynb", name, 424242,
                           isolation=isolation.Isolation(isolation.SEPARATE_UID))
-    assert rows[-1].points == 0 and "sending signal 9" in rows[-1].note
+    found[name] = [rows[-1].points, "\\n".join(r.note for r in rows)]
+print(json.dumps(found))
+"""
+UID_BODIES = {
+    "honest": CORRECT,
+    "kill": "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n    return 0.0",
+    "uid": "    import os\n    return float(os.getuid())",
+    # around the audit hook: libc's kill through ctypes; the kernel refuses it to another uid
+    "ctypeskill": "    import ctypes, os\n    return float(ctypes.pythonapi.kill(os.getppid(), 9))",
+}
+
+
+def _python_others_can_run() -> list[str] | None:
+    """This interpreter, or the system's of the same version with this venv's packages, if another uid
+    can run it; None when there is none."""
+    from servelab.exercises import isolation
+
+    if isolation._reachable_by_others():
+        return [sys.executable]
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    return [str(system)] if system.exists() else None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a separate uid needs root")
+def test_a_separate_uid_cannot_signal_the_grader():
+    import json
+    import site
+
+    python = _python_others_can_run()
+    if python is None:
+        pytest.skip("no interpreter here that another uid can run")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), *site.getsitepackages()]),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*python, "-c", UID_SCRIPT.format(tests=str(Path(__file__).parent)),
+                           json.dumps(UID_BODIES)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["honest"][0] == 8
+    assert found["kill"][0] == 0 and "sending signal 9 to process" in found["kill"][1]
+    assert found["uid"][0] == 0 and "returned 6" in found["uid"][1]  # a uid from 61000 up
+    assert found["ctypeskill"][0] == 0 and "returned -1.0" in found["ctypeskill"][1]  # EPERM
