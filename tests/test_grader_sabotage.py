@@ -324,3 +324,20 @@ def test_a_separate_uid_cannot_signal_the_grader():
     assert found["kill"][0] == 0 and "sending signal 9 to process" in found["kill"][1]
     assert found["uid"][0] == 0 and "returned 6" in found["uid"][1]  # a uid from 61000 up
     assert found["ctypeskill"][0] == 0 and "returned -1.0" in found["ctypeskill"][1]  # EPERM
+
+
+def test_files_changed_during_grading_are_reported(tmp_path):
+    from servelab.exercises.submissions import changed_files, snapshot
+
+    for name in ("a/ex05-goodput.ipynb", "b/ex05-goodput.ipynb", "c/notes.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    before = snapshot(tmp_path)
+    assert set(before.contents) == {tmp_path / "a/ex05-goodput.ipynb", tmp_path / "b/ex05-goodput.ipynb"}
+    assert changed_files(before, tmp_path) == []
+    (tmp_path / "a/ex05-goodput.ipynb").write_text("{}")
+    (tmp_path / "b/ex05-goodput.ipynb").unlink()
+    (tmp_path / "c/new.txt").write_text("x")
+    assert changed_files(before, tmp_path) == [f"{tmp_path / 'a/ex05-goodput.ipynb'}: changed",
+                                               f"{tmp_path / 'b/ex05-goodput.ipynb'}: deleted",
+                                               f"{tmp_path / 'c/new.txt'}: added"]
