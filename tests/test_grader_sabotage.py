@@ -8,7 +8,8 @@ notebook, close or flood the reply pipe. The saboteurs know every path (the wors
 sheet is written, the honest students score exactly what they score graded alone, every saboteur scores
 0 with a note naming what was refused or what failed, every input file is byte-identical afterwards,
 nothing new appears beside the sheet, and the server saw no connection. Where bubblewrap is refused
-(the fallback): a worker with a uid of its own cannot signal the grader, even around the audit hook.
+(the fallback): a worker with a uid of its own cannot signal the grader, even around the audit hook; and
+an ordinary user's grader gets bubblewrap through a user namespace.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import shutil
 import threading
 from pathlib import Path
 
@@ -279,12 +281,12 @@ from test_grading import _goodput, _write
 from servelab.exercises import isolation
 from servelab.exercises.grade import grade_notebook
 folder, found = Path(tempfile.mkdtemp()), {{}}
+chosen = isolation.Isolation(isolation.SEPARATE_UID) if sys.argv[2] == "uid" else isolation.choose()
 for name, body in json.loads(sys.argv[1]).items():
     _write(_goodput(body), folder / f"{{name}}__ex05-goodput.ipynb")
-    rows = grade_notebook(folder / f"{{name}}__ex05-goodput.ipynb", name, 424242,
-                          isolation=isolation.Isolation(isolation.SEPARATE_UID))
+    rows = grade_notebook(folder / f"{{name}}__ex05-goodput.ipynb", name, 424242, isolation=chosen)
     found[name] = [rows[-1].points, "\\n".join(r.note for r in rows)]
-print(json.dumps(found))
+print(json.dumps({{"isolation": chosen.describe(), **found}}))
 """
 UID_BODIES = {
     "honest": CORRECT,
@@ -306,20 +308,42 @@ def _python_others_can_run() -> list[str] | None:
     return [str(system)] if system.exists() else None
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a separate uid needs root")
-def test_a_separate_uid_cannot_signal_the_grader():
+def _grade_elsewhere(python: list[str], kind: str, user: list[str] = ()) -> dict:
+    """UID_BODIES graded by ``python`` (run as ``user``, a command prefix) under isolation ``kind``;
+    skips where that user has no isolation here (user namespaces refused)."""
     import json
     import site
 
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), *site.getsitepackages()]),
+           "OMP_NUM_THREADS": "1", "HOME": "/tmp", "TMPDIR": "/tmp"}
+    done = subprocess.run([*user, *python, "-c", UID_SCRIPT.format(tests=str(Path(__file__).parent)),
+                           json.dumps(UID_BODIES), kind], env=env, cwd="/tmp", capture_output=True,
+                          text=True, timeout=300)
+    if "IsolationUnavailable" in done.stderr:
+        pytest.skip(f"no isolation for this user here: {done.stderr.strip().splitlines()[-1]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_bubblewrap_for_an_ordinary_user():
     python = _python_others_can_run()
     if python is None:
         pytest.skip("no interpreter here that another uid can run")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), *site.getsitepackages()]),
-           "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*python, "-c", UID_SCRIPT.format(tests=str(Path(__file__).parent)),
-                           json.dumps(UID_BODIES)], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.splitlines()[-1])
+    found = _grade_elsewhere(python, "choose", ["setpriv", "--reuid", "1000", "--regid", "1000",
+                                                "--clear-groups"])
+    assert found["isolation"].startswith("isolation: bubblewrap") and "uid of its own" not in found["isolation"]
+    assert found["honest"][0] == 8
+    assert found["kill"][0] == 0 and "sending signal 9 to process 1" in found["kill"][1]
+    assert found["ctypeskill"][0] == 0  # its kill reached only the sandbox's own init, which ignores it
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a separate uid needs root")
+def test_a_separate_uid_cannot_signal_the_grader():
+    python = _python_others_can_run()
+    if python is None:
+        pytest.skip("no interpreter here that another uid can run")
+    found = _grade_elsewhere(python, "uid")
     assert found["honest"][0] == 8
     assert found["kill"][0] == 0 and "sending signal 9 to process" in found["kill"][1]
     assert found["uid"][0] == 0 and "returned 6" in found["uid"][1]  # a uid from 61000 up
