@@ -72,6 +72,11 @@ def validate(data: dict) -> None:
     assert isinstance(data["execution_time"], (int, float))
 
 
+def archive_text(zip_path: Path, name: str) -> str:
+    with zipfile.ZipFile(zip_path) as archive:
+        return archive.read(name).decode()
+
+
 @pytest.fixture(scope="module")
 def autograder(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("zip") / "autograder.zip"
@@ -110,6 +115,9 @@ def test_the_zip_holds_what_gradescope_runs(autograder):
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
     assert config["seed"] == SEED and config["exercises"] == ["ex05-goodput"]
     assert "requirements.txt" in setup and "bubblewrap" in setup and "/autograder/venv" in setup
+    assert 'chmod -R go-rwx "$SOURCE"' in setup  # the seed and the references: root only
+    for script in ("setup.sh", "run_autograder"):  # both parse as bash
+        assert subprocess.run(["bash", "-n"], input=archive_text(autograder, script), text=True).returncode == 0
     assert not [n for n in names if "__pycache__" in n]
 
 

@@ -54,7 +54,7 @@ python3 -m venv /autograder/venv
 /autograder/venv/bin/pip install -q --upgrade pip
 /autograder/venv/bin/pip install -q -r "$SOURCE/requirements.txt"
 /autograder/venv/bin/pip install -q --no-deps "$SOURCE/course"
-chmod 0600 "$SOURCE/grading.json"   # the seed: readable by root only, never by a worker's uid
+chmod -R go-rwx "$SOURCE"   # the seed and the reference solutions: root only, never a worker's uid
 chmod 0755 /autograder /autograder/venv
 """
 RUN = """#!/usr/bin/env bash
