@@ -344,6 +344,7 @@ def test_a_separate_uid_cannot_signal_the_grader():
     if python is None:
         pytest.skip("no interpreter here that another uid can run")
     found = _grade_elsewhere(python, "uid")
+    assert "chmod -R go-rwx" in found["isolation"]  # this checkout's reference solutions are world-readable
     assert found["honest"][0] == 8
     assert found["kill"][0] == 0 and "sending signal 9 to process" in found["kill"][1]
     assert found["uid"][0] == 0 and "returned 6" in found["uid"][1]  # a uid from 61000 up

@@ -24,6 +24,7 @@ operations it refuses.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 import os
 import shutil
@@ -89,8 +90,11 @@ class Isolation:
                     f"{self.scratch_bytes >> 20} MiB scratch tmpfs"
                     f"{', a uid of its own per worker' if self.as_root else ''})")
         if self.kind == SEPARATE_UID:
+            exposed = _readable_references()
             return ("isolation: a separate uid per worker (bubblewrap unavailable: workers can read "
-                    "world-readable files and open network connections)")
+                    "world-readable files and open network connections)"
+                    + (f"; WARNING: other users can read the reference solutions: chmod -R go-rwx {exposed}"
+                       if exposed else ""))
         return f"WARNING: no isolation (--unsafe): {RISK}"
 
 
@@ -132,6 +136,16 @@ def _mounts(scratch_bytes: int) -> list[str]:
         args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     return [*args, "--proc", "/proc", "--dev", "/dev",
             "--perms", "1777", "--size", str(scratch_bytes), "--tmpfs", SCRATCH]
+
+
+def _readable_references() -> str | None:
+    """The instructor package's folder when other users can read a file in it, else None."""
+    spec = importlib.util.find_spec("servelab_instructor")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0])
+    exposed = any(p.stat().st_mode & stat.S_IROTH for p in folder.rglob("*.py"))
+    return str(folder) if exposed else None
 
 
 def _user_tasks() -> int:
