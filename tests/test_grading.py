@@ -4,7 +4,7 @@ Honest work: correct (full points, even printing without a trailing newline), wr
 its rule's case), crashing, looping (only the looping function's cases are lost), noisy. Cheats, one
 per class: importing the answer, the library's own mechanism, frame inspection, a lookup table of the
 public cases, monkeypatching the checker's result, shadowing ``print``, a shadow package next to the
-notebook, a detached process that outlives its worker and rewrites the sheet. Every cheat scores 0
+notebook, a detached process meant to outlive its worker and rewrite the sheet (refused). Every cheat scores 0
 with a note naming what was refused or what happened, and the sheet is unchanged once every process
 is gone. The folder uses LMS bulk-download names and holds files the grader must skip.
 """
@@ -289,7 +289,7 @@ def test_an_endless_function_costs_only_its_own_cases(graded):
     ("patchtop", "refused import: servelab.exercises.result"),
     ("print", "returned 0.0"),
     ("shadow", "not implemented yet"),
-    ("outlive", "returned 0.0"),
+    ("outlive", "refused: starting a process (subprocess.Popen)"),
 ])
 def test_every_cheat_scores_zero_with_a_note_naming_it(graded, student, named):
     rows = _cases(graded, student)
@@ -305,10 +305,10 @@ def test_no_hidden_expected_value_reaches_a_note(graded):
 
 
 def test_the_sheet_is_unchanged_after_every_process_is_gone(graded):
-    pid = int(graded["pid_file"].read_text())
     time.sleep(1.0)
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    if graded["pid_file"].exists():  # only where a process could be started and reach the grader's files
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(graded["pid_file"].read_text()), 0)
     assert graded["sheet"].read_bytes() == graded["bytes"]
     assert b"outlived" not in graded["bytes"]
 

@@ -7,6 +7,11 @@ reason, and writes the sheet in ``--format long|canvas|moodle`` (see :mod:`serve
 plus one Markdown feedback file per student with ``--feedback DIR``. The hidden cases need the
 instructor-only reference solutions (``servelab_instructor``, in the course repository's ``lib/``, not in
 the wheel); without them it prints what is missing and how to get it, and exits with status 2.
+
+Student code runs isolated (:mod:`servelab.exercises.isolation`: bubblewrap, else a uid of its own
+when run as root); the first line printed names the isolation. Where neither exists it refuses with
+status 2, unless ``--unsafe`` is given, which prints the risk and grades unprotected. Every file under
+the submissions folder that changed during grading is printed as a warning.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import sys
 
 from servelab.exercises.expected import MissingReference
 from servelab.exercises.grade import grade_submissions
+from servelab.exercises.isolation import IsolationUnavailable, choose
 from servelab.exercises.lms import FORMATS, read_roster, write_feedback, write_sheet
 from servelab.exercises.reaper import hide_process_state
 from servelab.exercises.sandbox import Limits
@@ -43,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"MiB of address space per worker (default {Limits.memory_mib})")
     grade.add_argument("--output-limit", type=int, default=Limits.output_kib,
                        help=f"KiB a case may print (default {Limits.output_kib})")
+    grade.add_argument("--unsafe", action="store_true",
+                       help="grade even without isolation (neither bubblewrap nor root): student code then "
+                            "runs with your rights and can kill the grader or rewrite other submissions")
     return parser
 
 
@@ -73,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         seed, limits = _seed(args.seed), _limits(args)
         roster = read_roster(args.roster) if args.roster else None
-        run = grade_submissions(args.submissions, seed, limits, args.jobs)
-    except (ValueError, OSError, MissingReference) as exc:
+        isolation = choose(args.unsafe)
+        print(isolation.describe(), file=sys.stderr if args.unsafe else sys.stdout)
+        run = grade_submissions(args.submissions, seed, limits, args.jobs, isolation)
+    except (ValueError, OSError, MissingReference, IsolationUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for row in run.rows:
@@ -83,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row.student:<16} {row.exercise:<24} {row.points:>3} / {row.max_points}{note}")
     for skipped in run.skipped:
         print(f"skipped {skipped.path}: {skipped.reason}")
+    for changed in run.changed:
+        print(f"warning: a submission file changed during grading: {changed}")
     if roster:
         graded = {r.student for r in run.rows}
         for student in sorted(graded - {e.student for e in roster}):

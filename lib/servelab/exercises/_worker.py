@@ -7,7 +7,8 @@ from the student's code. The grader imports the same file as a module only for t
 (:func:`encode`, :func:`decode`).
 
 Protocol: one JSON object per line on the file descriptors given as ``argv[1]`` (requests in) and
-``argv[2]`` (replies out), then the output and memory limits in bytes; stdout and stderr belong to the student. Requests:
+``argv[2]`` (replies out), then the output and memory limits in bytes, the uid to drop to (-1: keep),
+the process limit (0: none) and the scratch folder; stdout and stderr belong to the student. Requests:
 
 * ``{"op": "load", "statements": [source, ...], "allowed": {module: [names]}}`` -- run the notebook's
   extracted statements; reply ``{"kinds": {name: "class" | "function" | "value"}, "errors": [...],
@@ -20,7 +21,16 @@ A call replies ``{"value": ...}`` or ``{"error": [type, message]}``, with ``"ref
 imports refused during the call) and ``"timed_out"``. Per call, ``limit`` seconds of wall clock
 (``SIGALRM``) and of CPU (``RLIMIT_CPU``'s ``SIGXCPU``) apply; the grader kills a worker that
 still does not answer; output goes to a file
-of capped size (``RLIMIT_FSIZE``) that is emptied before each call; ``RLIMIT_AS`` caps the worker's memory.
+of capped size (``RLIMIT_FSIZE``) that is emptied before each call; ``RLIMIT_AS`` caps the worker's memory,
+``RLIMIT_NPROC`` its processes.
+
+While student code runs, an audit hook (:class:`_Sentry`) refuses what a definition or a call has no
+business doing -- starting a process, signalling another process, opening a socket, writing or deleting
+outside the scratch folder, opening a file descriptor it was not given, loading a C library from outside
+the interpreter's folders -- and each reply names what was refused (``"denied"``); the grader scores
+the exercise 0 for it. The hook is a reporter, not the wall: Python code can get around an audit hook
+(through ``ctypes``), so the grader runs this worker inside an OS sandbox
+(:mod:`servelab.exercises.isolation`) that holds whatever the hook misses.
 """
 
 from __future__ import annotations
@@ -211,6 +221,78 @@ def _refuser(guard: _Guard, module: str) -> object:
     return refuse
 
 
+class RefusedOperation(PermissionError):
+    """Graded code tried something the sandbox refuses (a process, a signal, a socket, a file outside)."""
+
+
+_PROCESS_EVENTS = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
+                   "subprocess.Popen", "pty.spawn")
+_SIGNAL_EVENTS = ("os.kill", "os.killpg", "signal.pthread_kill")
+_NETWORK_EVENTS = ("socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo")
+_PATH_EVENTS = ("os.remove", "os.rmdir", "os.rename", "os.truncate", "os.chmod", "os.chown", "os.mkdir",
+                "os.link", "os.symlink", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile")
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+class _Sentry:
+    """The audit hook: once ``active`` (before the first statement runs, for the worker's whole life, so
+    threads a submission starts are watched too), refuses and records what graded code may not do."""
+
+    def __init__(self, scratch: str) -> None:
+        self.scratch, self.denied, self.active = os.path.realpath(scratch), [], False
+        self.libraries = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, "/usr/lib")})
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if not self.active:
+            return
+        self.active = False  # the checks below must not audit themselves
+        try:
+            reason = self.reason(event, args)
+        finally:
+            self.active = True
+        if reason:
+            self.denied.append(reason)
+            raise RefusedOperation(f"{reason} refused: graded code runs in a sandbox")
+
+    def outside(self, path: object) -> bool:
+        """True for a path outside the scratch folder (relative paths are inside)."""
+        try:
+            full = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return True
+        return full != self.scratch and not full.startswith(self.scratch + os.sep) and full != os.devnull
+
+    def reason(self, event: str, args: tuple) -> str | None:
+        if event in _PROCESS_EVENTS:
+            return f"starting a process ({event})"
+        if event in _SIGNAL_EVENTS:
+            return f"sending signal {args[-1]} to process {args[0]} ({event})"
+        if event in _NETWORK_EVENTS:
+            return f"network access ({event})"
+        if event in _PATH_EVENTS and any(self.outside(a) for a in args[:2] if isinstance(a, (str, bytes))):
+            return f"changing {args[0]!s} outside the scratch folder ({event})"
+        if event == "open":
+            return self._open_reason(*args[:3])
+        if event == "ctypes.dlopen" and not (isinstance(args[0], str) and os.path.isabs(args[0])
+                                             and os.path.realpath(args[0]).startswith(self.libraries)):
+            return f"loading the C library {args[0]!r} (ctypes)"
+        return None
+
+    def _open_reason(self, path: object, mode: object, flags: object) -> str | None:
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+            (isinstance(flags, int) and flags & _WRITE_FLAGS)
+        if isinstance(path, int):
+            return None if path in (0, 1, 2) else f"opening file descriptor {path}"
+        text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
+        parts = text.split("/")
+        if text.startswith("/proc/") and len(parts) > 2 and parts[2] not in ("self", "thread-self", str(os.getpid())) \
+                and parts[2].isdigit():
+            return f"reading another process's {text}"
+        if writing and self.outside(text):
+            return f"writing {text} outside the scratch folder"
+        return None
+
+
 def _on_limit(signum: int, frame: object) -> None:
     raise _TimedOut
 
@@ -218,10 +300,11 @@ def _on_limit(signum: int, frame: object) -> None:
 class _Session:
     """The student's namespace, the objects it created and the per-call limits."""
 
-    def __init__(self, output_limit: int) -> None:
+    def __init__(self, output_limit: int, sentry: _Sentry) -> None:
         self.namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
         self.objects: dict[int, object] = {}
         self.guard = _Guard({})
+        self.sentry = sentry
         resource.setrlimit(resource.RLIMIT_FSIZE, (output_limit, output_limit))
 
     def load(self, request: dict) -> dict:
@@ -237,11 +320,15 @@ class _Session:
                 errors.append(f"statement {index} raised {type(exc).__name__}: {exc}")
         kinds = {name: "class" if isinstance(v, type) else "function" if callable(v) else "value"
                  for name, v in self.namespace.items() if not name.startswith("__")}
-        return {"kinds": kinds, "errors": errors, "refused": self._take_refused()}
+        return {"kinds": kinds, "errors": errors, "refused": self._take_refused(), "denied": self._take_denied()}
 
     def _take_refused(self) -> list[str]:
         refused, self.guard.refused = list(dict.fromkeys(self.guard.refused)), []
         return refused
+
+    def _take_denied(self) -> list[str]:
+        denied, self.sentry.denied = list(dict.fromkeys(self.sentry.denied)), []
+        return denied
 
     def _limited(self, seconds: float, fn: object, *args: object) -> object:
         """Run ``fn(*args)`` under a wall-clock alarm and a CPU limit of ``seconds``."""
@@ -287,7 +374,7 @@ class _Session:
             return self._reply({"error": [type(exc).__name__, str(exc)]})
 
     def _reply(self, reply: dict) -> dict:
-        return {**reply, "refused": self._take_refused()}
+        return {**reply, "refused": self._take_refused(), "denied": self._take_denied()}
 
 
 def _cap_memory(limit: int) -> None:
@@ -300,24 +387,42 @@ def _cap_memory(limit: int) -> None:
             raise
 
 
-def _serve(requests_fd: int, replies_fd: int, output_limit: int, memory_limit: int) -> None:
+def _drop_privileges(uid: int, process_limit: int) -> None:
+    """Cap the processes (``RLIMIT_NPROC``) and, when ``uid >= 0``, become that uid and group with no
+    supplementary groups (as root this also clears every capability)."""
+    if process_limit > 0:
+        resource.setrlimit(resource.RLIMIT_NPROC, (process_limit, process_limit))
+    if uid >= 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+
+def _serve(requests_fd: int, replies_fd: int, output_limit: int, memory_limit: int, uid: int = -1,
+           process_limit: int = 0, scratch: str = ".") -> None:
+    _drop_privileges(uid, process_limit)
     _cap_memory(memory_limit)
     signal.signal(signal.SIGALRM, _on_limit)
     signal.signal(signal.SIGXCPU, _on_limit)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    session = _Session(output_limit)
+    import ctypes  # noqa: F401  (loaded before the hook: NumPy imports it, and its import opens libpython)
+    sys.dont_write_bytecode = True  # an import writes nothing outside the scratch folder
+    sentry = _Sentry(scratch)
+    sys.addaudithook(sentry)
+    session = _Session(output_limit, sentry)
     with os.fdopen(requests_fd, "r", encoding="utf-8") as requests, \
             os.fdopen(replies_fd, "w", encoding="utf-8") as replies:
+        sentry.active = True
         for line in requests:
             request = json.loads(line)
             try:
                 reply = session.load(request) if request["op"] == "load" else session.call(request)
             except _TimedOut:
                 reply = {"error": ["TimeoutError", "the call ran past its time limit"], "timed_out": True,
-                         "refused": []}
-            replies.write(json.dumps(reply) + "\n")
+                         "refused": [], "denied": session._take_denied()}
+            replies.write(json.dumps({**reply, "id": request.get("id")}) + "\n")
             replies.flush()
 
 
 if __name__ == "__main__":
-    _serve(*(int(a) for a in sys.argv[1:5]))
+    _serve(*(int(a) for a in sys.argv[1:7]), *sys.argv[7:8])

@@ -34,7 +34,15 @@ def observing_cases(callback: Callable[[str], None]) -> Iterator[None]:
 
 
 class CaseFailure(AssertionError):
-    """A case's answer differs from the reference; the message says how."""
+    """A case's answer differs from the reference; the message says how.
+
+    ``feedback`` is what a student may see of a *hidden* case (the rule broken, the input, what was
+    returned, never the expected value); empty when the checker has nothing beyond its call log.
+    """
+
+    def __init__(self, message: str, feedback: str = "") -> None:
+        super().__init__(message)
+        self.feedback = feedback
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class CaseResult:
     passed: bool
     detail: str = ""
     max_points: int = 1
+    feedback: str = ""
 
     @property
     def points(self) -> int:
@@ -114,7 +123,7 @@ def _outcome(case: Case) -> CaseResult | None:
     except NotImplementedError:
         return None
     except CaseFailure as failure:
-        return CaseResult(case.rule, False, str(failure), case.points)
+        return CaseResult(case.rule, False, str(failure), case.points, failure.feedback)
     except Exception as exc:  # a student's bug is a failed case, not a crash of the checker
         return CaseResult(case.rule, False, f"raised {type(exc).__name__}: {exc}", case.points)
     return CaseResult(case.rule, True, "", case.points)

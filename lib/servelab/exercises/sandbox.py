@@ -11,6 +11,10 @@ current :class:`CaseLog` (what went in, what came out) for the grade sheet's not
 A call that runs past its case's time limit is stopped inside the worker (``SIGALRM``,
 ``RLIMIT_CPU``); a worker that does not answer, or dies, is killed with its process group and started
 again with the same statements, so one endless function costs only its own cases.
+
+The worker runs inside the :class:`.isolation.Isolation` the grader chose (bubblewrap, or a uid of its
+own). What the worker's audit hook refused, and a reply pipe carrying anything but replies (garbage,
+a flood, an answer out of turn), lands in :attr:`Worker.denied`; the grader then scores the exercise 0.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servelab.exercises._worker import decode, encode
+from servelab.exercises.isolation import BUBBLEWRAP, NONE, SCRATCH, SEPARATE_UID, Isolation
 
 __all__ = ["LIVE", "SPAWN_LOCK", "CaseLog", "Limits", "RemoteClass", "RemoteFunction", "StudentError", "Worker",
            "describe"]
@@ -36,6 +41,8 @@ __all__ = ["LIVE", "SPAWN_LOCK", "CaseLog", "Limits", "RemoteClass", "RemoteFunc
 _SOURCE = (Path(__file__).with_name("_worker.py")).read_text(encoding="utf-8")
 _GRACE = 2.0  # seconds a worker may take past a call's limit before it is killed
 _MAX_RESTARTS = 50
+_MAX_REPLY = 64 * 2**20  # bytes of one reply line; more is a flood
+PIPE_ABUSE = "writing to the grader's reply pipe"
 SPAWN_LOCK = threading.Lock()  # held while a worker starts and while the reaper sweeps
 LIVE: set[int] = set()  # process ids of the workers running now (the reaper leaves them alone)
 
@@ -61,6 +68,7 @@ class CaseLog:
 
     calls: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    denied: list[str] = field(default_factory=list)
     timed_out: bool = False
     output_limit: bool = False
 
@@ -86,9 +94,13 @@ def describe(value: object, width: int = 160) -> str:
 class Worker:
     """One submission's worker process; ``load`` it once, then call its names through the proxies."""
 
-    def __init__(self, statements: list[str], allowed: dict[str, list[str]], limits: Limits) -> None:
-        self.statements, self.allowed, self.limits = statements, allowed, limits
+    def __init__(self, statements: list[str], allowed: dict[str, list[str]], limits: Limits,
+                 isolation: Isolation = Isolation(NONE)) -> None:
+        self.statements, self.allowed, self.limits, self.isolation = statements, allowed, limits, isolation
         self.log = CaseLog()
+        self.denied: list[str] = []  # everything refused over the worker's life, restarts included
+        self._sequence = 0
+        self._lost = ""  # why the last request got no reply
         self.case_started = time.monotonic()
         self.generation = 0
         self.restarts = 0
@@ -104,15 +116,21 @@ class Worker:
         os.unlink(out_path[1])
         to_worker, from_grader = os.pipe()
         from_worker, to_grader = os.pipe()
-        limits = (self.limits.output_kib * 1024, self.limits.memory_mib * 2**20)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self._folder.name, "LANG": "C.UTF-8",
+        scratch = SCRATCH if self.isolation.kind == BUBBLEWRAP else self._folder.name
+        uid = self.isolation.next_uid()
+        if self.isolation.kind == SEPARATE_UID and uid is not None:
+            os.chown(self._folder.name, uid, uid)
+        nproc = 0 if self.isolation.kind == NONE else self.isolation.process_limit()
+        limits = (self.limits.output_kib * 1024, self.limits.memory_mib * 2**20,
+                  -1 if uid is None else uid, nproc)
+        env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        argv = [sys.executable, "-I", "-u", "-c", _SOURCE, str(to_worker), str(to_grader), *map(str, limits), scratch]
         try:
             SPAWN_LOCK.acquire()
             self._process = subprocess.Popen(
-                [sys.executable, "-I", "-u", "-c", _SOURCE, str(to_worker), str(to_grader), *map(str, limits)],
-                cwd=self._folder.name, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-                pass_fds=(to_worker, to_grader), start_new_session=True)
+                self.isolation.command(argv, env), cwd=self._folder.name, env=env, stdin=subprocess.DEVNULL,
+                stdout=output, stderr=output, pass_fds=(to_worker, to_grader), start_new_session=True)
             LIVE.add(self._process.pid)
         except BaseException:
             os.close(from_grader)
@@ -133,8 +151,10 @@ class Worker:
         reply = self._request({"op": "load", "statements": self.statements, "allowed": self.allowed,
                                "limit": self.limits.load_seconds}, self.limits.load_seconds)
         if reply is None:
+            self.close()
             return {"kinds": {}, "errors": [f"the definitions did not finish within {self.limits.load_seconds:g} s "
-                                            "or killed the worker"], "refused": []}
+                                            "or killed the worker"], "refused": [], "denied": []}
+        self.denied += reply.get("denied", [])
         return reply
 
     def close(self) -> None:
@@ -159,23 +179,43 @@ class Worker:
     # ----------------------------------------------------------------- requests
 
     def _request(self, request: dict, limit: float) -> dict | None:
-        """Send one request; the reply, or None when the worker died or did not answer in time."""
+        """Send one request; the reply, or None when the worker died, did not answer in time, or wrote
+        something else than this request's reply on its pipe (then PIPE_ABUSE is in :attr:`denied`)."""
+        self._sequence += 1
         try:
-            self._send.write(json.dumps(request) + "\n")
+            self._send.write(json.dumps({**request, "id": self._sequence}) + "\n")
             self._send.flush()
         except (BrokenPipeError, OSError):
+            self._lost = "ended its worker or closed the request pipe"
             return None
         deadline = time.monotonic() + limit + _GRACE
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self._recv], [], [], left)[0]:
+                self._lost = "did not return"
                 return None
             chunk = os.read(self._recv, 1 << 20)
             if not chunk:
+                self._lost = "ended its worker or closed the reply pipe"
                 return None
             self._buffer += chunk
+            if len(self._buffer) > _MAX_REPLY:
+                return self._abused()
         line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            return self._abused()
+        if not isinstance(reply, dict) or reply.get("id") != self._sequence or self._buffer:
+            return self._abused()
+        return reply
+
+    def _abused(self) -> None:
+        """The reply pipe carried something else than the worker's replies: kill the worker, note it."""
+        self.denied.append(PIPE_ABUSE)
+        self.log.denied.append(PIPE_ABUSE)
+        self.close()
+        return None
 
     def start_case(self, rule: str) -> None:
         """A new case begins: a fresh log and a fresh time budget."""
@@ -192,13 +232,22 @@ class Worker:
         if left <= 0 or self._process is None:
             self.log.timed_out = True
             raise StudentError(f"{text}: no time left in this case")
+        abused = len(self.denied)
         reply = self._request({**request, "limit": left}, left)
+        if reply is None and len(self.denied) > abused:
+            self.log.calls.append(f"{text}: the worker's reply pipe carried something else than its answer")
+            raise StudentError(PIPE_ABUSE)
         if reply is None:
             self.close()
+            if self._lost != "did not return":
+                self.log.calls.append(f"{text} {self._lost}")
+                raise StudentError(f"the call {self._lost}")
             self.log.timed_out = True
             self.log.calls.append(f"{text} did not return (stopped after {self.limits.case_seconds:g} s)")
             raise StudentError("the call did not return within the case's time limit")
         self.log.refused += reply.get("refused", [])
+        self.log.denied += reply.get("denied", [])
+        self.denied += reply.get("denied", [])
         if "error" in reply:
             return self._raise(text, *reply["error"], reply.get("timed_out", False))
         value = reply["value"]

@@ -14,13 +14,15 @@ The exercise is the first exercise stem found in the file name (``ex05-goodput``
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.exercises.catalog import EXERCISES
 
-__all__ = ["Skipped", "Submission", "find_submissions"]
+__all__ = ["Skipped", "Snapshot", "Submission", "changed_files", "exercise_in_name", "find_submissions",
+           "snapshot"]
 
 _CANVAS = re.compile(r"^(?P<student>[^_]+?)(?:_LATE)?_(?P<id>\d+)_(?P<sub>\d+)_(?P<file>.+)$")
 _MOODLE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_")
@@ -45,7 +47,8 @@ class Skipped:
     reason: str
 
 
-def _stem_in(name: str) -> str | None:
+def exercise_in_name(name: str) -> str | None:
+    """The exercise stem a file name holds (``ex05-goodput (1).ipynb``), else by number (``ex05…``), or None."""
     lower = name.lower()
     for stem in EXERCISES:
         if stem in lower:
@@ -80,7 +83,7 @@ def _classify(path: Path, folder: Path) -> Submission | Skipped:
     if isinstance(owner, str):
         return Skipped(path, owner)
     student, lms_id, file_part = owner
-    stem = _stem_in(file_part)
+    stem = exercise_in_name(file_part)
     if stem is None:
         return Skipped(path, f"no exercise in its name (one of {', '.join(sorted(EXERCISES))})")
     return Submission(student.strip(), stem, path, lms_id)
@@ -98,3 +101,35 @@ def find_submissions(folder: str | Path) -> tuple[list[Submission], list[Skipped
         (found if isinstance(item, Submission) else skipped).append(item)
     found.sort(key=lambda s: (s.student, s.stem, str(s.path)))
     return found, skipped
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every file under a submissions folder as read before grading: notebook bytes and SHA-256 hashes."""
+
+    contents: dict[Path, bytes]
+    hashes: dict[Path, str]
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def snapshot(folder: str | Path) -> Snapshot:
+    """Read every file under ``folder`` once: the notebooks' bytes, and every file's SHA-256."""
+    contents: dict[Path, bytes] = {}
+    hashes: dict[Path, str] = {}
+    for path in _files(Path(folder)):
+        data = path.read_bytes()
+        hashes[path] = hashlib.sha256(data).hexdigest()
+        if path.suffix == ".ipynb":
+            contents[path] = data
+    return Snapshot(contents, hashes)
+
+
+def changed_files(before: Snapshot, folder: str | Path) -> list[str]:
+    """Each file under ``folder`` that differs from ``before``: ``"path: changed|deleted|added"``."""
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in _files(Path(folder))}
+    changed = [f"{p}: deleted" if p not in after else f"{p}: changed" for p in before.hashes
+               if after.get(p) != before.hashes[p]]
+    return sorted([*changed, *(f"{p}: added" for p in after if p not in before.hashes)])

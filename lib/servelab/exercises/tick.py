@@ -22,7 +22,9 @@ preemption):
 The checker compares hand-written ticks with their expected plans, then drives the student's
 ``schedule`` tick by tick on seeded random workloads and checks every tick's plan against the rule's
 invariants (budget, blocks, ``1 <= n <= remaining``, first come first served, running first, chunk
-size, work conservation) and that every request finishes. No reference implementation is involved.
+size, work conservation) and that every request finishes, or that the tick correctly schedules nothing
+once the workload has stalled (no preemption). No reference implementation is involved. A failed
+simulation's feedback on hidden cases names the tick, the rule broken, the call and what it returned.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ def _normalise(got: object) -> Plan:
             raise TypeError
         return [(str(rid), operator.index(n)) for rid, n in pairs]
     except TypeError:
-        raise CaseFailure(f"returned {got!r}, expected a list of (request_id, n) pairs with int n") from None
+        raise CaseFailure(f"returned {got!r}, expected a list of (request_id, n) pairs with int n",
+                          f"returned {got!r}, not a list of (request_id, n) pairs with int n") from None
 
 
 def _steps(args: tuple, plan: Plan) -> str:
@@ -189,19 +192,36 @@ def _order_error(args: tuple, plan: Plan) -> str | None:
     return None
 
 
+# Each invariant's check, and the rule's name as a student's feedback on a hidden case gives it.
+_INVARIANTS = (
+    (_ids_error, "every request_id at most once, with 1 <= n <= its tokens still to compute"),
+    (_budget_error, "the plan fits the token budget and the free blocks"),
+    (_turn_error, "running sequences first (one short of blocks is skipped), waiting ones while they fit, "
+                  "n = min(remaining, budget left)"),
+    (_order_error, "running as given, then waiting first come first served, at most max_num_seqs"),
+)
+
+
+def _broken_invariant(args: tuple, plan: Plan) -> tuple[str, str] | None:
+    """``(rule name, what is wrong)`` for the first invariant ``plan`` breaks on ``args``, or None."""
+    return next(((name, broken) for check, name in _INVARIANTS if (broken := check(args, plan))), None)
+
+
 def _rule_error(args: tuple, plan: Plan) -> str | None:
     """The first invariant of the rule that ``plan`` breaks on ``args``, or None."""
-    checks = (_ids_error, _budget_error, _turn_error, _order_error)
-    return next((broken for check in checks if (broken := check(args, plan))), None)
+    found = _broken_invariant(args, plan)
+    return found[1] if found else None
 
 
 def _checked_plan(schedule: Schedule, args: tuple, where: str) -> Plan:
     """Call the student's tick on ``args``; CaseFailure with the tick's inputs if the plan breaks the rule."""
     running, waiting, *rest = args
     plan = _normalise(schedule(list(running), list(waiting), *rest))
-    broken = _rule_error(args, plan)
-    if broken:
-        raise CaseFailure(f"{where}: {broken}\n{_call_text(args)} returned {plan}")
+    found = _broken_invariant(args, plan)
+    if found:
+        rule, broken = found
+        raise CaseFailure(f"{where}: {broken}\n{_call_text(args)} returned {plan}",
+                          f"{where}: the plan breaks the rule: {rule}\n{_call_text(args)} returned {plan}")
     return plan
 
 
@@ -234,10 +254,14 @@ def _apply(plan: Plan, running: list[list], waiting: list[list], block_size: int
 def run_workload(schedule: Schedule, requests: list[tuple[str, int, int, int]], pool_blocks: int,
                  block_size: int, token_budget: int, max_num_seqs: int, label: str = "",
                  max_ticks: int = 500) -> int:
-    """Drive ``schedule`` from tick 0, checking every plan; return the ticks until every request finished.
+    """Drive ``schedule`` from tick 0, checking every plan; return the ticks until every request finished,
+    or until the rule can schedule nothing any more.
 
     A running sequence is ``[id, computed, tokens, blocks]``; it leaves, and frees its blocks, once it
-    has sampled its maximum output (``tokens - prompt == max output``).
+    has sampled its maximum output (``tokens - prompt == max output``). The rule has no preemption, so a
+    workload can stall: every running sequence short of blocks and the head of the queue too large (or
+    no slot left). The rule then plans nothing, and nothing that arrives later changes that (it queues
+    behind the head), so a correct ``[]`` with work present ends the workload there.
     """
     prompt = {rid: p for rid, _, p, _ in requests}
     limit = {rid: m for rid, _, _, m in requests}
@@ -248,7 +272,10 @@ def run_workload(schedule: Schedule, requests: list[tuple[str, int, int, int]], 
         waiting += [[rid, 0, p, 0] for rid, arrival, p, _ in requests if arrival == t]
         args = ([tuple(s) for s in running], [tuple(s) for s in waiting], free, block_size, token_budget,
                 max_num_seqs)
-        free -= _apply(_checked_plan(schedule, args, f"{label}tick {t}"), running, waiting, block_size)
+        plan = _checked_plan(schedule, args, f"{label}tick {t}")
+        if not plan and (running or waiting):
+            return t + 1  # stalled: the rule allows nothing now or later
+        free -= _apply(plan, running, waiting, block_size)
         done = [s for s in running if s[2] - prompt[s[0]] == limit[s[0]]]
         free += sum(s[3] for s in done)
         finished += len(done)
@@ -265,9 +292,10 @@ def _simulation(schedule: Schedule, spec: tuple) -> None:
     try:
         run_workload(schedule, requests, pool, block_size, budget, max_seqs, f"workload seed {seed}, ")
     except CaseFailure as failure:
-        raise CaseFailure(f"{failure}\nthe workload: {count(num_requests, 'request')} (id, arrival tick, prompt, max output) "
-                          f"{requests}; pool {pool} blocks x {block_size} slots, token budget {budget}, "
-                          f"max_num_seqs {max_seqs}") from None
+        workload = (f"the workload: {count(num_requests, 'request')} (id, arrival tick, prompt, max output) "
+                    f"{requests}; pool {pool} blocks x {block_size} slots, token budget {budget}, "
+                    f"max_num_seqs {max_seqs}")
+        raise CaseFailure(f"{failure}\n{workload}", f"{failure.feedback or failure}\n{workload}") from None
 
 
 def hidden_cases(seed: int) -> tuple[tuple, tuple]:
