@@ -14,7 +14,7 @@ from servelab.loadgen import (bench_summary, custom_samples, gamma_arrivals, loa
                               random_samples, sharegpt_samples)
 from servelab.loadgen.__main__ import main as loadgen_main
 from servelab.model import LlamaConfig, LlamaForCausalLM, train_tokenizer
-from servelab.server import BackgroundServer, ServerConfig
+from servelab.server import BackgroundServer, ServerConfig, TenantLimits
 
 # ------------------------------------------------------------------------------------------ arrivals
 
@@ -180,7 +180,9 @@ def course_server():
                                          num_attention_heads=4, num_key_value_heads=2,
                                          max_position_embeddings=256)).eval()
     engine = LLMEngine(model, train_tokenizer(text, vocab_size=300), EngineConfig(num_blocks=128, block_size=8))
-    with BackgroundServer(engine, ServerConfig(model_name="tiny")) as server:
+    # the module sends runs back to back: lift the per-tenant rate limit (20 req/s) so none is refused with 429
+    limits = TenantLimits(requests_per_s=1000.0, burst=1000.0)
+    with BackgroundServer(engine, ServerConfig(model_name="tiny", tenant_limits=limits)) as server:
         yield server
 
 
@@ -260,3 +262,22 @@ def test_the_course_command_line_sends_the_same_plan(course_server, tmp_path, ca
         assert course[key] == vllm[key], key
     assert course["max_concurrency"] == vllm["max_concurrency"] == 2 and course["request_rate"] == "inf"
     assert max(course["max_concurrent_requests"], vllm["max_concurrent_requests"]) <= 2
+
+
+def test_file_datasets_and_general_lengths_through_the_command_line(course_server, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "ROMEO: what light", "output_tokens": 3}\n{"prompt": "JULIET: o romeo"}\n')
+    custom = loadgen_main(["--url", course_server.url, "--dataset-name", "custom", "--dataset-path", str(prompts),
+                           "--custom-output-len", "7", "--disable-shuffle", "--ignore-eos", "--num-prompts", "4",
+                           "--max-concurrency", "2", "--save-detailed"])
+    assert custom["completed"] == 4, custom["errors"]
+    assert custom["output_lens"][:2] == [3, 7] and set(custom["output_lens"]) <= {3, 7}
+    sharegpt = loadgen_main(["--url", course_server.url, "--dataset-name", "sharegpt", "--dataset-path",
+                             str(write_sharegpt(tmp_path / "sharegpt.json")), "--output-len", "5", "--num-prompts",
+                             "3", "--save-detailed"])
+    # without --ignore-eos (vLLM's default for file datasets) a request may stop early at the end token
+    assert sharegpt["completed"] == 3, sharegpt["errors"]
+    assert all(1 <= n <= 5 for n in sharegpt["output_lens"])
+    general = loadgen_main(["--url", course_server.url, "--input-len", "5", "--output-len", "3", "--num-prompts", "3",
+                            "--save-detailed"])
+    assert general["output_lens"] == [3, 3, 3], general["errors"]

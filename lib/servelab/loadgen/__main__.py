@@ -128,6 +128,9 @@ def _vllm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dataset-name", choices=DATASET_NAMES, default=None,
                    help="prompt source (default random; the course's modes default to --prompt-median ...)")
     g.add_argument("--dataset-path", default=None, help="ShareGPT JSON (sharegpt) or JSONL of prompts (custom)")
+    g.add_argument("--input-len", type=int, default=None, help="sets --random-input-len")
+    g.add_argument("--output-len", type=int, default=None, help="sets the output length of every dataset "
+                   "(--random-output-len, --sharegpt-output-len, --custom-output-len)")
     g.add_argument("--random-input-len", type=int, default=1024, help="random: mean prompt length (words)")
     g.add_argument("--random-output-len", type=int, default=128, help="random: mean output length (tokens)")
     g.add_argument("--random-range-ratio", type=float, default=0.0, help="random: lengths uniform in "
@@ -268,10 +271,16 @@ def _specs(args: argparse.Namespace, mode: str) -> list[RequestSpec]:
     dataset = _dataset(args, mode)
     if dataset is None:
         return build_workload(arrivals, *_course_lengths(args), args.seed)
+    def general(value, specific):  # vLLM's --input-len/--output-len override the dataset-specific flags
+        return specific if value is None else value
+
     samples = load_samples(dataset, len(arrivals), args.seed, args.dataset_path,
-                           random_input_len=args.random_input_len, random_output_len=args.random_output_len,
-                           random_range_ratio=args.random_range_ratio, sharegpt_output_len=args.sharegpt_output_len,
-                           custom_output_len=args.custom_output_len, shuffle=not args.disable_shuffle)
+                           random_input_len=general(args.input_len, args.random_input_len),
+                           random_output_len=general(args.output_len, args.random_output_len),
+                           random_range_ratio=args.random_range_ratio,
+                           sharegpt_output_len=general(args.output_len, args.sharegpt_output_len),
+                           custom_output_len=general(args.output_len, args.custom_output_len),
+                           shuffle=not args.disable_shuffle)
     return specs_from_samples(samples, arrivals)
 
 
