@@ -256,6 +256,11 @@ def _dataset(args: argparse.Namespace, mode: str) -> str | None:
     return args.dataset_name or ("random" if mode == "bench" else None)
 
 
+def _general(value: int | None, specific: int | None) -> int | None:
+    """vLLM's --input-len/--output-len, when given, override the dataset-specific length flags."""
+    return specific if value is None else value
+
+
 def _specs(args: argparse.Namespace, mode: str) -> list[RequestSpec]:
     """The seeded plan: arrival offsets from the mode's flags, prompts from the dataset or the course."""
     if mode == "closed":
@@ -271,15 +276,12 @@ def _specs(args: argparse.Namespace, mode: str) -> list[RequestSpec]:
     dataset = _dataset(args, mode)
     if dataset is None:
         return build_workload(arrivals, *_course_lengths(args), args.seed)
-    def general(value, specific):  # vLLM's --input-len/--output-len override the dataset-specific flags
-        return specific if value is None else value
-
     samples = load_samples(dataset, len(arrivals), args.seed, args.dataset_path,
-                           random_input_len=general(args.input_len, args.random_input_len),
-                           random_output_len=general(args.output_len, args.random_output_len),
+                           random_input_len=_general(args.input_len, args.random_input_len),
+                           random_output_len=_general(args.output_len, args.random_output_len),
                            random_range_ratio=args.random_range_ratio,
-                           sharegpt_output_len=general(args.output_len, args.sharegpt_output_len),
-                           custom_output_len=general(args.output_len, args.custom_output_len),
+                           sharegpt_output_len=_general(args.output_len, args.sharegpt_output_len),
+                           custom_output_len=_general(args.output_len, args.custom_output_len),
                            shuffle=not args.disable_shuffle)
     return specs_from_samples(samples, arrivals)
 
@@ -299,10 +301,12 @@ async def first_model(url: str, api_key: str | None) -> str:
                 data = await resp.json(content_type=None)
         return data["data"][0]["id"]
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise ValueError(f"no --model given and none could be read from {url}/models ({exc!r})") from None
+        raise ValueError(f"no --model given and none could be read from {url}/models "
+                         f"({exc.__class__.__name__}: {exc})") from None
 
 
-def result_json(args: argparse.Namespace, mode: str, run: RunResult, specs: list[RequestSpec], model: str) -> dict:
+def result_json(args: argparse.Namespace, mode: str, run: RunResult, specs: list[RequestSpec], model: str,
+                goodput: dict[str, float] | None) -> dict:
     """vLLM's result JSON for one run: its header (date, backend, traffic) and :func:`bench_summary`."""
     if mode == "bench":
         rate = args.request_rate if args.request_rate is not None else math.inf
@@ -311,7 +315,6 @@ def result_json(args: argparse.Namespace, mode: str, run: RunResult, specs: list
         rate = args.rate if args.rate is not None else math.inf
         concurrency = run.concurrency or args.max_concurrency
     metrics = args.percentile_metrics or ["ttft", "tpot", "itl"]
-    goodput = parse_goodput(args.goodput) if args.goodput else None
     records = bench_records(run, specs)
     summary = bench_summary(records, run.wall_s, metrics, args.metric_percentiles, goodput)
     header = {"date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": args.backend,
@@ -351,8 +354,7 @@ async def _sweep(args: argparse.Namespace, endpoint: Endpoint, slo: SLO) -> None
 
 async def _main(args: argparse.Namespace) -> dict | None:
     mode = run_mode(args)
-    if args.goodput:
-        parse_goodput(args.goodput)  # reject bad bounds before any request is sent
+    goodput = parse_goodput(args.goodput) if args.goodput else None  # bad bounds stop before any request
     args.url, chat = endpoint_url(args)
     model = args.model or await first_model(args.url, args.api_key)
     endpoint = Endpoint(args.url, model, args.api_key, chat, _ignore_eos(args, mode), args.timeout)
@@ -367,7 +369,7 @@ async def _main(args: argparse.Namespace) -> dict | None:
         cap = args.max_concurrency or (256 if mode == "open" else len(specs))
         run = run_open_loop(endpoint, specs, max_in_flight=cap, time_limit_s=args.time_limit)
     run = await _measured(run, args)
-    result = result_json(args, mode, run, specs, model)
+    result = result_json(args, mode, run, specs, model, goodput)
     if mode == "bench":
         print(summary_text(result, args.percentile_metrics or ["ttft", "tpot", "itl"], args.metric_percentiles))
     else:
