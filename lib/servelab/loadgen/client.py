@@ -217,7 +217,11 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec:
 
 async def _read_stream(resp: aiohttp.ClientResponse, chat: bool, t0: float, emits: list[float],
                        text: list[str], state: dict) -> None:
-    """Parse ``data:`` lines until ``[DONE]``; fill ``emits``/``text`` and the usage/finish/error state."""
+    """Parse ``data:`` lines until ``[DONE]``; fill ``emits``/``text`` and the usage/finish/error state.
+
+    A stream that closes without ``[DONE]`` is complete when a chunk carried a ``finish_reason``
+    (transformers' ``transformers serve`` ends that way); without either it was cut off.
+    """
     async for raw in resp.content:
         line = raw.decode("utf-8").strip()
         if not line.startswith("data:"):
@@ -237,7 +241,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, chat: bool, t0: float, emit
             state["finish"] = choice.get("finish_reason") or state["finish"]
         if event.get("usage"):
             state["usage"] = event["usage"]
-    state["error"] = "stream ended without [DONE]"
+    if state["finish"] is None:
+        state["error"] = "stream ended without [DONE] or a finish_reason"
 
 
 def _check_specs(specs: Sequence[RequestSpec]) -> list[RequestSpec]:

@@ -22,8 +22,8 @@ import numpy as np
 
 from servelab._validate import require_int, require_real
 
-__all__ = ["LengthDistribution", "RequestSpec", "poisson_arrivals", "paced_arrivals", "make_prompt",
-           "build_workload"]
+__all__ = ["LengthDistribution", "RequestSpec", "poisson_arrivals", "gamma_arrivals", "paced_arrivals",
+           "make_prompt", "build_workload"]
 
 # Words the course model knows well (Shakespearean English); a synthetic prompt is drawn from them.
 _WORDS = (
@@ -91,6 +91,29 @@ def poisson_arrivals(rate: float, duration_s: float, rng: np.random.Generator) -
         offsets.append(float(t))
         t += rng.exponential(1.0 / rate)
     return offsets
+
+
+def gamma_arrivals(rate: float, count: int, burstiness: float, rng: np.random.Generator) -> list[float]:
+    """``count`` arrival offsets (seconds) as ``vllm bench serve`` plans them for ``--request-rate``.
+
+    Gaps are gamma-distributed with shape ``burstiness`` and mean ``1/rate``: ``burstiness`` 1 is a
+    Poisson process, below 1 burstier (clumps and long lulls), above 1 more regular, ``inf`` evenly
+    spaced. The first request also waits one gap. As in vLLM, the offsets are then rescaled so that
+    the last one falls exactly at ``count / rate`` (the offered rate holds for every seed). A
+    ``rate`` of ``inf`` sends everything at 0.
+    """
+    for name, value in (("rate", rate), ("burstiness", burstiness)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a number > 0 (inf allowed), got {value!r}")
+    require_int("count", count, 1)
+    if math.isinf(rate):
+        return [0.0] * count
+    if math.isinf(burstiness):
+        gaps = np.full(count, 1.0 / rate)
+    else:
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=count)
+    offsets = np.cumsum(gaps)
+    return [float(t) for t in offsets * ((count / rate) / offsets[-1])]
 
 
 def paced_arrivals(rate: float, count: int) -> list[float]:
