@@ -23,6 +23,7 @@ from servelab.exercises import (
     check_top_p,
     worked_example,
 )
+from servelab_instructor.solutions import reference_paged_attention
 from servelab_instructor.reference import (
     ReferenceAllocator,
     reference_accept,
@@ -161,33 +162,20 @@ def goodput_as_fraction(records, ttft_slo, tpot_slo, window):
     return sum(meets_slo(r, ttft_slo, tpot_slo) for r in records) / len(records)
 
 
-def paged_attention_gather(q, k_cache, v_cache, block_table, positions):
-    """A plain, correct student-style paged attention: gather through the table, mask, softmax by hand."""
-    block_size, length = k_cache.shape[1], int(positions[-1]) + 1
-    p = torch.arange(length)
-    physical = torch.tensor(block_table)[p // block_size]
-    k, v = k_cache[physical, p % block_size], v_cache[physical, p % block_size]
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("thd,lhd->htl", q, k) / q.shape[-1] ** 0.5
-    scores = scores.masked_fill(p[None, None, :] > positions[None, :, None], float("-inf"))
-    return torch.einsum("htl,lhd->thd", scores.softmax(dim=-1), v)
-
-
 def paged_attention_ignores_table(q, k_cache, v_cache, block_table, positions):
     """Reads physical blocks 0, 1, 2, ... as if the table were the identity."""
-    return paged_attention_gather(q, k_cache, v_cache, list(range(len(block_table))), positions)
+    return reference_paged_attention(q, k_cache, v_cache, list(range(len(block_table))), positions)
 
 
 def paged_attention_no_causal_mask(q, k_cache, v_cache, block_table, positions):
     """Lets every query of the chunk see the whole context, later positions of the chunk included."""
-    return paged_attention_gather(q, k_cache, v_cache, block_table, positions[-1].expand(len(positions)))
+    return reference_paged_attention(q, k_cache, v_cache, block_table, positions[-1].expand(len(positions)))
 
 
 def paged_attention_head_modulo(q, k_cache, v_cache, block_table, positions):
     """Grouped-query attention with query head h on KV head h % n_kv_heads (``repeat``, not ``repeat_interleave``)."""
     n_kv = k_cache.shape[2]
-    heads = [paged_attention_gather(q[:, h:h + 1], k_cache[:, :, h % n_kv:h % n_kv + 1],
+    heads = [reference_paged_attention(q[:, h:h + 1], k_cache[:, :, h % n_kv:h % n_kv + 1],
                                     v_cache[:, :, h % n_kv:h % n_kv + 1], block_table, positions)
              for h in range(q.shape[1])]
     return torch.cat(heads, dim=1)
@@ -329,11 +317,11 @@ CHECKS = [
      "every request reserves its prompt plus its whole output allowance"),
     ("admission (skipping)", check_admission, (reference_admit,), (admit_skipping,),
      "first come, first served: a request that must wait blocks the ones behind it"),
-    ("paged attention (ignores the table)", check_paged_attention, (paged_attention_gather,),
+    ("paged attention (ignores the table)", check_paged_attention, (reference_paged_attention,),
      (paged_attention_ignores_table,), "the block table maps logical blocks to physical ones, in any order"),
-    ("paged attention (no causal mask)", check_paged_attention, (paged_attention_gather,),
+    ("paged attention (no causal mask)", check_paged_attention, (reference_paged_attention,),
      (paged_attention_no_causal_mask,), "a whole prompt from position 0 is causal"),
-    ("paged attention (h % n_kv)", check_paged_attention, (paged_attention_gather,),
+    ("paged attention (h % n_kv)", check_paged_attention, (reference_paged_attention,),
      (paged_attention_head_modulo,), "grouped-query attention: query head h reads KV head h // (n_heads // n_kv_heads)"),
     ("scheduler tick (prefill first)", check_scheduler_tick, (schedule_fcfs,), (schedule_prefill_first,),
      "running decodes are scheduled before a waiting prompt"),

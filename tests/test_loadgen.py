@@ -9,17 +9,14 @@ import math
 import numpy as np
 import plotly.graph_objects as go
 import pytest
-import torch
 from aiohttp import web
 
-from servelab.engine import EngineConfig, LLMEngine
 from servelab.loadgen import (SLO, Endpoint, LengthDistribution, RequestResult, RunResult, SweepPoint,
                               build_workload, paced_arrivals, poisson_arrivals, report_table, run_closed_loop,
                               run_open_loop, run_sweep, saturation_index, summarize, sweep_table,
                               throughput_latency_figure)
 from servelab.loadgen.__main__ import main as loadgen_main
-from servelab.model import LlamaConfig, LlamaForCausalLM, train_tokenizer
-from servelab.server import BackgroundServer, ServerConfig
+from tiny_server import tiny_course_server
 
 STALL_S = 1.0
 SHORT = LengthDistribution(4, 0.0, 1, 8)
@@ -177,14 +174,7 @@ def test_saturation_index_table_and_figure():
 
 @pytest.fixture(scope="module")
 def course_server():
-    text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\n" * 20
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=256)).eval()
-    engine = LLMEngine(model, train_tokenizer(text, vocab_size=300), EngineConfig(num_blocks=128, block_size=8))
-    with BackgroundServer(engine, ServerConfig(model_name="tiny")) as server:
+    with tiny_course_server() as server:
         yield server
 
 

@@ -7,14 +7,11 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
-from servelab.engine import EngineConfig, LLMEngine
 from servelab.loadgen import (bench_summary, custom_samples, gamma_arrivals, load_samples, percentile_key,
                               random_samples, sharegpt_samples)
 from servelab.loadgen.__main__ import main as loadgen_main
-from servelab.model import LlamaConfig, LlamaForCausalLM, train_tokenizer
-from servelab.server import BackgroundServer, ServerConfig, TenantLimits
+from tiny_server import tiny_course_server
 
 # ------------------------------------------------------------------------------------------ arrivals
 
@@ -173,16 +170,7 @@ def test_bad_combinations_stop_before_sending(argv, needle):
 
 @pytest.fixture(scope="module")
 def course_server():
-    text = "ROMEO:\nBut soft, what light through yonder window breaks?\n\n" * 20
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=256)).eval()
-    engine = LLMEngine(model, train_tokenizer(text, vocab_size=300), EngineConfig(num_blocks=128, block_size=8))
-    # the module sends runs back to back: lift the per-tenant rate limit (20 req/s) so none is refused with 429
-    limits = TenantLimits(requests_per_s=1000.0, burst=1000.0)
-    with BackgroundServer(engine, ServerConfig(model_name="tiny", tenant_limits=limits)) as server:
+    with tiny_course_server() as server:
         yield server
 
 
