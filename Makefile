@@ -41,7 +41,7 @@ book: setup
 
 # Each stage of `make test` runs under a hard wall-clock limit and prints its wall time
 # (tools/stage.sh); `make test` ends with the table of stage times, slowest first. Every notebook
-# runner also keeps a hard limit per notebook (servelab.nbrun), enforced from outside the notebook.
+# runner also keeps a hard limit per notebook (tools/nbrun.py), enforced from outside the notebook.
 STAGE := tools/stage.sh
 export STAGE_LOG ?= .stage-times
 

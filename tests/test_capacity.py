@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from servelab import capacity
+from servelab.metrics import capacity
 
-from servelab.capacity import (
+from servelab.metrics.capacity import (
     compute_rate,
     expected_tokens_per_cycle,
     flops_per_token,
@@ -174,7 +174,7 @@ def test_occupancy_weights_counts_by_time_and_cuts_at_the_window():
 
 
 def test_occupancy_of_a_simulated_run_obeys_littles_law():
-    from servelab.loadsim import poisson_jobs, simulate_server
+    from servelab.metrics.loadsim import poisson_jobs, simulate_server
 
     records = simulate_server(poisson_jobs(4.0, 400.0, seed=1))
     inside = [r for r in records if r.arrival >= 50.0 and r.finish <= 350.0]

@@ -10,7 +10,7 @@ from servelab.engine import EngineConfig, LLMEngine
 from servelab.bench.admission_study import compare_reservation_policies
 from servelab.engine.config import RESERVATION_POLICIES
 from servelab.engine.reservation import reservation_policy
-from servelab.lifecycle import RequestState
+from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling import SamplingParams
 
 from test_engine import assert_clean, config, expected_ids, make_prompts, model, tokenizer  # noqa: F401 (fixtures)

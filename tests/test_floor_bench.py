@@ -7,7 +7,7 @@ import pytest
 
 from servelab.bench import engine_bench
 from servelab.bench.decode_floor import bench_floor, decode_floor_rows, format_floor, smollm2_random
-from servelab.roofline.measured import Roofline
+from servelab.metrics.roofline.measured import Roofline
 from servelab.model import load_checkpoint, load_tokenizer
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
 

@@ -10,18 +10,18 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from servelab.batching import Request, chunked_prefill_scenario, simulate_batching, simulate_iterations
+from servelab.scheduling.batching import Request, chunked_prefill_scenario, simulate_batching, simulate_iterations
 from servelab.questions import CHAPTER_SLUGS, CORE_IDS, BankError, load_bank, resolve_code_link
-from servelab.questions.__main__ import main as cli
+from servelab_instructor.questions.__main__ import main as cli
 from servelab.questions.bank import load_raw, validate_raw
 from servelab.questions.design import DesignAssumptions, design_rows, solve_design
-from servelab.questions.export import export_assignment, read_markdown, read_notebook
+from servelab_instructor.questions.export import export_assignment, read_markdown, read_notebook
 from servelab.questions.render import (
     chapter_link, expand_question_sets, label_defined, question_myst, section_heading, tier_heading, tier_myst,
 )
 from servelab.kv import block_alloc_slots
 from servelab.sampling import best_of_n_kv_tokens, softmax, support, top_k_filter, top_p_filter
-from servelab.streaming import StopStringBuffer
+from servelab.sampling.stop_strings import StopStringBuffer
 
 ROOT = Path(__file__).resolve().parents[1]
 BANK = load_bank()

@@ -52,7 +52,7 @@ import nbformat
 from cpu_variant import check_forced, cpu_variant
 from run_nbval import NOTEBOOK_LIMIT_S, Interpreter, run_nbval
 
-from servelab.nbrun import is_checked
+from nbrun import is_checked
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS = ROOT / "requirements.txt"

@@ -1,6 +1,6 @@
 """The prepared GPU check: one run on one CUDA GPU (at most 8 minutes) writes one JSON of measured figures.
 
-``python -m servelab.bench.gpu_check [--out PATH] [--dry-run]`` (``tools/gpu_check.sh`` calls it):
+``python tools/gpu_check.py [--out PATH] [--dry-run]`` (``tools/gpu_check.sh`` calls it):
 
 1. the engine's tests on CUDA (``pytest tests/test_engine*.py`` with ``SERVELAB_TEST_DEVICES=cuda``);
 2. the benchmark on CUDA (:mod:`servelab.bench.engine_bench`, the shipped model in the device's dtype): engine vs
@@ -20,8 +20,9 @@
 
 ``--dry-run`` runs the same code on the CPU with tiny sizes in seconds (a CPU "kernel" is one ATen op,
 its copy bandwidth a host memcpy), writes to a temporary path unless ``--out`` is given, and validates
-the result against :data:`SCHEMA`: so CI notices when the script rots. No figure here is typed in; the
-book shows the GPU table only when the JSON exists (:func:`gpu_table`).
+the result against :data:`servelab.bench.gpu_results.SCHEMA`: so CI notices when the script rots. No figure
+here is typed in; the book shows the GPU table only when the JSON exists
+(:func:`servelab.bench.gpu_results.gpu_table`, the reading half, which ships with the library).
 
 System boundary: this process, one device. Wall-clock seconds around calls that end in a host sync (the
 engine reads its sampled tokens back), CUDA-event seconds for the copy and launch probes.
@@ -46,13 +47,10 @@ import torch
 
 from servelab.device import pick_device
 from servelab.bench import engine_bench
+from servelab.bench.gpu_results import DEFAULT_OUT, KIND, SCHEMA, gpu_rows, validate
 from servelab.kv import kv_bytes_per_token
 from servelab.model import LlamaForCausalLM, llama_config_from_hf, load_checkpoint, load_tokenizer
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
-
-DEFAULT_OUT = engine_bench.DATA_DIR / "engine_bench_gpu.json"
-KIND = "servelab-gpu-check"
-
 
 @dataclass(frozen=True)
 class Sizes:
@@ -75,40 +73,6 @@ class Sizes:
 GPU_SIZES = Sizes("tests/test_engine*.py", 128, (8, 32), (128, 192), 3, (1, 8, 32, 64), 256, 32,
                   1 << 30, 2000, SMOLLM2_135M_CONFIG["num_hidden_layers"], SMOLLM2_135M_CONFIG["vocab_size"])
 DRY_SIZES = Sizes("tests/test_engine_bf16.py", 8, (2, 4), (8, 12), 1, (1, 4), 16, 2, 1 << 22, 50, 2, 2048)
-
-_RATES = {"type": "object", "additionalProperties": {"type": "number", "exclusiveMinimum": 0}}
-_SECTION = {"type": "object", "required": ["tokens_per_s", "seconds"], "properties": {"tokens_per_s": _RATES}}
-_STEP_ROW = {"type": "object", "required": ["batch", "context_tokens", "step_s", "bytes_moved",
-                                            "bandwidth_floor_s", "kernels", "launch_floor_s"],
-             "properties": {"batch": {"type": "integer", "minimum": 1},
-                            "step_s": {"type": "number", "exclusiveMinimum": 0},
-                            "bytes_moved": {"type": "integer", "minimum": 1},
-                            "bandwidth_floor_s": {"type": "number", "exclusiveMinimum": 0},
-                            "kernels": {"type": ["integer", "null"], "minimum": 1},
-                            "launch_floor_s": {"type": ["number", "null"], "exclusiveMinimum": 0}}}
-SCHEMA = {
-    "type": "object",
-    "required": ["kind", "dry_run", "hardware", "engine_tests", "benchmark", "decode_step", "seconds_total"],
-    "properties": {
-        "kind": {"const": KIND},
-        "dry_run": {"type": "boolean"},
-        "hardware": {"type": "object", "required": ["device", "gpu", "cuda", "torch", "cpu", "dtype"]},
-        "engine_tests": {"type": "object", "required": ["command", "returncode", "summary"],
-                         "properties": {"returncode": {"type": "integer"}, "summary": {"type": "string"}}},
-        "benchmark": {"type": "object", "required": ["batch1", "skewed_32", "skewed_64", "continuous_vs_static"],
-                      "additionalProperties": _SECTION},
-        "decode_step": {
-            "type": "object", "required": ["copy_bandwidth_bytes_per_s", "launch_s", "kernel_count", "models"],
-            "properties": {"copy_bandwidth_bytes_per_s": {"type": "number", "exclusiveMinimum": 0},
-                           "launch_s": {"type": "number", "exclusiveMinimum": 0},
-                           "models": {"type": "object", "minProperties": 1, "additionalProperties": {
-                               "type": "object", "required": ["parameters", "weight_bytes", "rows"],
-                               "properties": {"rows": {"type": "array", "minItems": 1, "items": _STEP_ROW}}}}}},
-        "seconds_total": {"type": "number", "minimum": 0},
-    },
-}
-"""What the JSON must hold (JSON Schema); :func:`validate` also demands a CUDA device unless it is a dry run."""
-
 
 # ------------------------------------------------------------------------------------------- probes
 
@@ -271,67 +235,6 @@ def run(dry_run: bool = False) -> dict:
     result["seconds_total"] = time.perf_counter() - start
     result["seconds_by_part"] = timings
     return result
-
-
-def validate(result: dict) -> None:
-    """Raise ValueError when ``result`` does not fit :data:`SCHEMA`, or claims GPU figures without a GPU."""
-    import jsonschema
-
-    try:
-        jsonschema.validate(result, SCHEMA)
-    except jsonschema.ValidationError as exc:
-        raise ValueError(f"GPU check result does not fit the schema at {list(exc.absolute_path)}: "
-                         f"{exc.message}") from None
-    if not result["dry_run"] and not (result["hardware"]["device"].startswith("cuda") and result["hardware"]["gpu"]):
-        raise ValueError("a GPU check result (dry_run false) must come from a CUDA device with a GPU name")
-
-
-# ------------------------------------------------------------------------------------------- the book
-
-
-def gpu_rows(result: dict) -> list[dict[str, str]]:
-    """(measurement, figure) rows of a check result, for the §5 table."""
-    b = result["benchmark"]
-    tps = "{:,.0f} tok/s".format
-    rows = [("batch 1: engine / no KV cache / generate",
-             " / ".join(tps(b["batch1"]["tokens_per_s"][k]) for k in ("engine", "no_kv_cache", "transformers_generate")))]
-    for count in (32, 64):
-        rates = b[f"skewed_{count}"]["tokens_per_s"]
-        rows.append((f"{count} skewed requests: engine / generate (padded) / no KV cache",
-                     " / ".join(tps(rates[k]) for k in ("engine", "transformers_generate_static", "no_kv_cache"))))
-    rates = b["continuous_vs_static"]["tokens_per_s"]
-    rows.append(("8 slots: continuous / static batching", f"{tps(rates['continuous'])} / {tps(rates['static'])}"))
-    step = result["decode_step"]
-    rows.append(("device copy bandwidth; one tiny kernel",
-                 f"{step['copy_bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s; {step['launch_s'] * 1e6:.1f} us"))
-    for name, model in step["models"].items():
-        for r in model["rows"]:
-            launch = "n/a" if r["launch_floor_s"] is None else f"{r['launch_floor_s'] * 1e3:.2f}"
-            rows.append((f"{name} ({model['parameters'] / 1e6:.0f} M), decode step at batch {r['batch']}: "
-                         "measured / bandwidth floor / launch floor",
-                         f"{r['step_s'] * 1e3:.2f} / {r['bandwidth_floor_s'] * 1e3:.3f} / {launch} ms"))
-    return [{"measurement": m, "figure": f} for m, f in rows]
-
-
-def hardware_line(result: dict) -> str:
-    """The GPU, CUDA and torch versions and dtype a check result was measured with."""
-    hw = result["hardware"]
-    return f"{hw['gpu'] or hw['cpu']}, CUDA {hw['cuda']}, torch {hw['torch']}, {hw['dtype']}"
-
-
-def gpu_table(path: str | Path = DEFAULT_OUT):
-    """The §5 table of a committed GPU check (a :class:`servelab.viz.core.Table`), or None when no GPU
-    check has been run and committed at ``path``. A dry-run result is refused (ValueError)."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    result = json.loads(path.read_text())
-    validate(result)
-    if result["dry_run"]:
-        raise ValueError(f"{path} holds a dry run (CPU, tiny sizes), not GPU figures")
-    from servelab.viz.core import table
-
-    return table(gpu_rows(result), caption="GPU check: " + hardware_line(result))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 nbclient's cell timeout is kept by the same event loop that waits for the kernel's replies, so a
 client that stops waking up never times out; a runner killed from inside its own process cannot be
 sure to stop either. Here the deadline is kept by the *parent*: the notebook runs in a child
-process (``python -m servelab.nbrun --worker ...``) in a session of its own, the child records the
+process (``python tools/nbrun.py --worker ...``) in a session of its own, the child records the
 cell it is executing in a small progress file, and when the deadline passes the parent kills every
 process under the child (the Jupyter kernel runs in a session of its own too) and reports the
 notebook, the cell index and the first line of that cell's source.
@@ -176,7 +176,7 @@ def run_notebook(notebook: Path | object, *, limit_s: float, cwd: Path, name: st
     with tempfile.TemporaryDirectory(prefix="servelab-nbrun-") as tmp:
         work = Path(tmp)
         nbformat.write(nb, work / "in.ipynb")
-        cmd = [python or sys.executable, "-m", "servelab.nbrun", "--worker", str(work), "--cwd", str(cwd),
+        cmd = [python or sys.executable, str(Path(__file__).resolve()), "--worker", str(work), "--cwd", str(cwd),
                "--cell-timeout", str(cell_timeout_s or limit_s), "--kernel", kernel_name]
         if allow_errors:
             cmd.append("--allow-errors")

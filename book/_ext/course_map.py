@@ -2,9 +2,10 @@
 
 :func:`chapter_modules` parses every chapter notebook's code cells (``notebooks/ch*.ipynb`` and the
 appendix) with :mod:`ast` and collects the ``servelab`` modules each one imports. :func:`engine_reading_order`
-lists the files a reader walks through for one ``LLMEngine.step``, each with the line count of the file
-as it is now. :func:`with_course_map` renders both as MyST tables in place of their marker lines; the book's
-extension applies it to the architecture page at build time, so the map cannot drift from the code.
+lists the files a reader walks through for one ``LLMEngine.step``
+(:data:`servelab.engine.reading_order.ENGINE_STEP`), each with the line count of the file as it is now.
+:func:`with_course_map` renders both as MyST tables in place of their marker lines; the book's extension
+applies it to the architecture page at build time, so the map cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import nbformat
 
+from servelab.engine.reading_order import ENGINE_STEP
+
 __all__ = ["ENGINE_STEP", "CHAPTER_MAP_MARKER", "READING_ORDER_MARKER", "ReadingStop", "chapter_notebooks",
            "notebook_modules", "chapter_modules", "module_path", "engine_reading_order", "chapter_map_markdown",
            "reading_order_markdown", "with_course_map"]
@@ -23,25 +26,6 @@ __all__ = ["ENGINE_STEP", "CHAPTER_MAP_MARKER", "READING_ORDER_MARKER", "Reading
 CHAPTER_MAP_MARKER = "% servelab: chapter module map"
 READING_ORDER_MARKER = "% servelab: engine reading order"
 PACKAGE = "servelab"
-
-# One default engine step (EngineConfig(), SamplingParams()), file by file in the order a reader meets them:
-# (module, what to read there, why). What a default step does not run lives off this walk: tracing
-# (engine.trace), swapping (engine.swap), the up-front rule (engine.reservation), the n > 1 fork
-# (engine.parallel_sampling), logits processors, grammar masks, truncation filters, logprobs, and the
-# queueing disciplines beyond FCFS (queue_disciplines).
-ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("servelab.engine.engine", ("EngineCore.step", "EngineCore._run"), "the step's five phases, in order"),
-    ("servelab.engine.scheduler", ("Scheduler.schedule", "ReservationPolicy.admit"),
-     "phase 1: decodes, prefill chunks, admissions under the on-demand rule, preemption by recompute"),
-    ("servelab.queue_policy", ("fcfs", "rank_waiting"), "the order the waiting queue is served in (FCFS)"),
-    ("servelab.kv.block_pool", ("BlockPool.allocate_prompt", "BlockPool.append_tokens"),
-     "block tables, reservations, prefix hits"),
-    ("servelab.engine.model_runner", ("ForwardInput.from_chunks", "ModelRunner.execute", "PagedAttention"),
-     "phases 2 and 3: the chunks as one flat batch, the forward pass, K/V through block tables"),
-    ("servelab.engine.sampler", ("sample_tokens",), "phase 4: one token per sample, batched"),
-    ("servelab.engine.sequence", ("Sequence", "accept_token", "request_output"),
-     "phase 5 on the per-sample record: text, stop strings, finish reasons, outputs"),
-)
 
 
 @dataclass(frozen=True)

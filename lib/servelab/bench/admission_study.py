@@ -28,7 +28,7 @@ from servelab._validate import require_int
 from servelab.engine.config import EngineConfig
 from servelab.engine.llm_engine import LLMEngine
 from servelab.engine.config import RESERVATION_POLICIES
-from servelab.metrics import percentile
+from servelab.metrics.latency import percentile
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling.params import SamplingParams
 

@@ -28,7 +28,7 @@ Sections (every figure is measured here, in this process, one after the other):
 
 Throughput counts requested output tokens per wall-clock second, prefill included. The prefix cache is
 off except in its own section (repeats replay the same prompts and would hit it). Latencies are seconds
-at the engine API (``servelab.metrics`` definitions). Greedy decoding, EOS ignored, so every system
+at the engine API (``servelab.metrics.latency`` definitions). Greedy decoding, EOS ignored, so every system
 generates exactly the requested tokens; the batch-1 section also checks that all three agree token for
 token. Timings are sensitive to other load on the machine; each figure is the best of ``repeats`` runs.
 """

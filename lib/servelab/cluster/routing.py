@@ -24,7 +24,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from servelab._validate import require_int
-from servelab.lifecycle import SlotPool
+from servelab.lifecycle.state_machine import SlotPool
 
 __all__ = [
     "ROUTING_POLICIES",
@@ -241,7 +241,7 @@ def prefix_workload(num_requests: int, *, mean_gap_ms: float, hot_share: float, 
 class TenantQuota:
     """At most ``limit`` requests in flight per tenant; a gateway checks it before the engine sees a request.
 
-    One :class:`~servelab.lifecycle.SlotPool` per tenant, so a request's unit is returned exactly once
+    One :class:`~servelab.lifecycle.state_machine.SlotPool` per tenant, so a request's unit is returned exactly once
     however it ends (``release`` is idempotent).
     """
 

@@ -35,8 +35,8 @@ from servelab.engine.sequence import (RequestOutput, SampleOutput, Sequence, Ste
 from servelab.engine.trace import StepRecord
 from servelab.engine.validation import RequestValidator, check_components, context_limit
 from servelab.kv.allocator import BlockAllocator
-from servelab.ledger import Ledger, TerminalRecord, Usage
-from servelab.lifecycle import SlotPool
+from servelab.lifecycle.ledger import Ledger, TerminalRecord, Usage
+from servelab.lifecycle.state_machine import SlotPool
 from servelab.model.llama import LlamaForCausalLM
 
 __all__ = ["FINISH_REASONS", "EngineCore", "RequestOutput", "SampleOutput", "Usage"]

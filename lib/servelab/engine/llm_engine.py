@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from servelab.chat_template import ChatTemplate
+from servelab.model.chat_template import ChatTemplate
 from servelab.device import resolve_device_dtype
 from servelab.engine.config import EngineConfig
 from servelab.engine.engine import EngineCore
 from servelab.engine.request import EngineRequest, lifecycle_state, new_request
 from servelab.engine.sequence import RequestOutput
-from servelab.ledger import LedgerTotals
-from servelab.lifecycle import RequestState
+from servelab.lifecycle.ledger import LedgerTotals
+from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling.params import SamplingParams
 
 
@@ -29,7 +29,7 @@ from servelab.sampling.params import SamplingParams
 class EngineStats:
     """The engine's load between two steps: sequences per scheduler queue, and the fraction of KV blocks
     in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free); ``ended``: the
-    ledger's exact totals over every request that has ended (:class:`~servelab.ledger.LedgerTotals`)."""
+    ledger's exact totals over every request that has ended (:class:`~servelab.lifecycle.ledger.LedgerTotals`)."""
 
     num_running: int
     num_waiting: int
@@ -105,7 +105,7 @@ class LLMEngine(EngineCore):
         return request_id
 
     def state(self, request_id: str) -> RequestState:
-        """The request's lifecycle state now (``servelab.lifecycle.RequestState``): read off the
+        """The request's lifecycle state now (``servelab.lifecycle.state_machine.RequestState``): read off the
         scheduler's state of its sequences while it runs, its terminal record's once it has ended.
         KeyError for an id this engine does not know: never issued, or ended more than
         ``config.ledger_size`` requests ago (its record left the ledger's window)."""

@@ -4,7 +4,7 @@ One record per sample: a :class:`~servelab.engine.sequence.Sequence` holds that 
 progress, text and timestamps, and points back to its :class:`EngineRequest`, which only groups the
 samples (one unless ``params.n > 1``). The allocator keeps each sequence's block ids, nothing more.
 
-The request's lifecycle state (``servelab.lifecycle.RequestState``, §0's model) is not stored: it is
+The request's lifecycle state (``servelab.lifecycle.state_machine.RequestState``, §0's model) is not stored: it is
 read off the scheduler's state of its sequences by :func:`lifecycle_state`, so the two cannot drift.
 
 System boundary: plain records; building one allocates nothing (the scheduler admits it later).
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import torch
 
 from servelab.engine.sequence import IncrementalDetokenizer, Sequence, SequenceTimes, SeqStatus
-from servelab.lifecycle import RequestState
+from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling.params import SamplingParams
-from servelab.streaming import StopStringBuffer
+from servelab.sampling.stop_strings import StopStringBuffer
 
 FINISH_REASONS = ("stop", "length", "eos", "cancelled", "timed_out", "failed")
 TERMINAL_STATE = {"stop": RequestState.FINISHED, "length": RequestState.FINISHED, "eos": RequestState.FINISHED,

@@ -24,8 +24,8 @@ from servelab.engine.sequence import Sequence, SeqStatus
 from servelab.engine.swap import HostSwapSpace, swap_in, swap_out
 from servelab.kv.allocator import BlockAllocator, BlockCopy, OutOfBlocks
 from servelab.kv.arithmetic import blocks_for
-from servelab.lifecycle import SlotPool
-from servelab.queue_policy import rank_waiting, running_key
+from servelab.lifecycle.state_machine import SlotPool
+from servelab.scheduling.queue_policy import rank_waiting, running_key
 
 
 CopyBlocks = Callable[[list[tuple[int, int]]], None]

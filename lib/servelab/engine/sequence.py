@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from servelab.engine.logprobs import SampleLogprobs, take_logprobs, take_prompt_logprobs
-from servelab.ledger import Usage
-from servelab.metrics import RequestTiming
+from servelab.lifecycle.ledger import Usage
+from servelab.metrics.latency import RequestTiming
 from servelab.sampling.params import SamplingParams
-from servelab.streaming import StopStringBuffer
+from servelab.sampling.stop_strings import StopStringBuffer
 
 if TYPE_CHECKING:
     from servelab.engine.logprobs import TokenLogprob

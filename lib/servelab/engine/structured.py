@@ -1,6 +1,6 @@
 """Structured outputs in the engine's step: the grammar masks of the rows whose request has ``params.grammar``.
 
-Only such requests run this (:mod:`servelab.grammar` holds the grammars and the xgrammar matchers): each
+Only such requests run this (:mod:`servelab.sampling.grammar` holds the grammars and the xgrammar matchers): each
 sample gets its matcher at its first sampled step, the sampler masks the ids the grammar forbids next,
 and every drawn token advances the matcher.
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from servelab import grammar
+from servelab.sampling import grammar
 
 if TYPE_CHECKING:
     from servelab.engine.sampler import SamplingRow

@@ -1,7 +1,7 @@
 """The terminal records of requests: one ``Usage`` (token counts) and one ``TerminalRecord`` per request,
 kept in a bounded, thread-safe ``Ledger``.
 
-``servelab.lifecycle.reclaim`` (the §0 model) and ``LLMEngine`` (which writes one record per request as
+``servelab.lifecycle.state_machine.reclaim`` (the §0 model) and ``LLMEngine`` (which writes one record per request as
 it releases it) both append here. System boundary: bookkeeping only; times are seconds on the caller's
 clock, counts are tokens or blocks as named.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from servelab._validate import require_int
 
 if TYPE_CHECKING:
-    from servelab.lifecycle import RequestState
+    from servelab.lifecycle.state_machine import RequestState
 
 __all__ = ["Usage", "TerminalRecord", "LedgerTotals", "Ledger"]
 

@@ -29,7 +29,7 @@ def rule_for(policy: str) -> str:
 
 def default_policy() -> str:
     """The policy a default ``EngineConfig`` admits by, read from the config itself."""
-    from servelab.engine import EngineConfig  # late: servelab.engine imports servelab.lifecycle
+    from servelab.engine import EngineConfig  # late: servelab.engine imports servelab.lifecycle.state_machine
 
     return EngineConfig().reservation_policy
 

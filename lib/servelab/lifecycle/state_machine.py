@@ -27,7 +27,7 @@ from enum import Enum
 
 from servelab._validate import require_int, require_real
 from servelab.kv import BlockAllocator
-from servelab.ledger import Ledger, TerminalRecord, Usage
+from servelab.lifecycle.ledger import Ledger, TerminalRecord, Usage
 
 __all__ = [
     "RequestState",

@@ -6,10 +6,10 @@ and summarise repeated runs as a mean with a min-max band (:func:`band`).
 System boundary: every timestamp passed in must be taken at the same place -- for example at the
 server's streaming layer, or at the client -- because TTFT measured at the client also contains
 network transit and the gateway. Times are in seconds unless the caller uses another unit
-consistently (the tick simulators in ``servelab.batching`` pass ticks). A request's *emit times*
+consistently (the tick simulators in ``servelab.scheduling.batching`` pass ticks). A request's *emit times*
 are the instants its output tokens left that boundary, in order.
 
-The roofline (ridge point, prefill and decode FLOPs and bytes) is :mod:`servelab.roofline`.
+The roofline (ridge point, prefill and decode FLOPs and bytes) is :mod:`servelab.metrics.roofline`.
 """
 
 from __future__ import annotations

@@ -306,7 +306,7 @@ class SpeculativeResult:
         A cycle tests its drafts left to right and stops at the first rejection, so the drafts after
         it are scored by the target but never tested. Examined = accepted + one per cycle that
         rejected. This is the per-draft acceptance probability that
-        ``servelab.capacity.expected_tokens_per_cycle`` takes.
+        ``servelab.metrics.capacity.expected_tokens_per_cycle`` takes.
         """
         accepted = sum(c.accepted for c in self.cycles)
         examined = accepted + sum(c.accepted < c.verified for c in self.cycles)

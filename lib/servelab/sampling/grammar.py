@@ -4,7 +4,7 @@ xgrammar (the grammar engine vLLM and SGLang use) compiles a JSON schema, a regu
 grammar against the tokenizer's vocabulary; a :class:`xgrammar.GrammarMatcher` then says, at each step,
 which token ids keep the output inside the grammar (a bitmask, one bit per id), and is told each token
 that was sampled. Once the grammar is complete only the end-of-sequence token is allowed, so a request
-ends on EOS with text that parses. ``servelab.constrained`` is the teaching version of the same mask
+ends on EOS with text that parses. ``servelab.sampling.constrained`` is the teaching version of the same mask
 for a fixed set of strings (the tests check that the two agree).
 
 Kinds (:class:`GrammarSpec`): ``json_schema`` (a schema as JSON text; ``{"type": "object"}`` is OpenAI's
@@ -134,7 +134,7 @@ def new_matcher(grammar: Grammar) -> Matcher:
     import xgrammar
 
     if not isinstance(grammar, Grammar):
-        raise TypeError(f"grammar must be a servelab.grammar.Grammar, got {type(grammar).__name__}")
+        raise TypeError(f"grammar must be a servelab.sampling.grammar.Grammar, got {type(grammar).__name__}")
     return Matcher(xgrammar.GrammarMatcher(grammar.compiled), grammar.forbidden)
 
 

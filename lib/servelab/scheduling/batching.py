@@ -12,7 +12,7 @@ one decode iteration in a unit-cost model. Three simulators share this module:
 * ``simulate_iterations`` -- chunked versus unchunked prefill on a token-budget cost model, where an
   iteration's duration grows with the number of tokens it processes.
 
-Queue order comes from :mod:`servelab.queue_policy`, the keys the engine's scheduler uses too.
+Queue order comes from :mod:`servelab.scheduling.queue_policy`, the keys the engine's scheduler uses too.
 Results are exact (integers, or ``fractions.Fraction`` for the token-cost model) so a chart and a test
 read the same numbers.
 """
@@ -25,9 +25,9 @@ from fractions import Fraction
 from typing import Callable, Mapping, Sequence
 
 from servelab._validate import require_int, require_name, require_real
-from servelab.metrics import itl
-from servelab.queue_disciplines import aging, fair_queuing
-from servelab.queue_policy import POLICIES, fcfs
+from servelab.metrics.latency import itl
+from servelab.scheduling.queue_disciplines import aging, fair_queuing
+from servelab.scheduling.queue_policy import POLICIES, fcfs
 
 __all__ = [
     "BATCHING_POLICIES",
@@ -107,7 +107,7 @@ def _validate_requests(reqs: object) -> list[Request]:
 
 @dataclass(frozen=True)
 class _Waiting:
-    """A waiting request as the queue policies read it (a ``servelab.queue_disciplines.Aged`` and
+    """A waiting request as the queue policies read it (a ``servelab.scheduling.queue_disciplines.Aged`` and
     ``Tenanted``): ``arrival_index`` ranks (arrival tick, place in the workload)."""
 
     name: str

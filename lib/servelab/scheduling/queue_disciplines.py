@@ -1,10 +1,10 @@
 """The queueing disciplines beyond first come, first served: priority classes, shortest job first, SJF with
 aging, and per-tenant fair queuing.
 
-Each reads a waiting request through a small protocol (the :class:`servelab.queue_policy.Queued` fields,
+Each reads a waiting request through a small protocol (the :class:`servelab.scheduling.queue_policy.Queued` fields,
 plus the time waited for aging or the tenant for fair queuing), so the engine's scheduler
-(``EngineConfig.policy``, through :func:`servelab.queue_policy.rank_waiting`) and the simulators of
-:mod:`servelab.batching` share them. SJF starves long requests and arrival order lets one busy tenant
+(``EngineConfig.policy``, through :func:`servelab.scheduling.queue_policy.rank_waiting`) and the simulators of
+:mod:`servelab.scheduling.batching` share them. SJF starves long requests and arrival order lets one busy tenant
 crowd out the rest: :func:`aging` ranks a request better the longer it has waited, :func:`fair_queuing`
 serves the tenant with the fewest tokens so far.
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from servelab.queue_policy import Queued
+    from servelab.scheduling.queue_policy import Queued
 
 __all__ = ["priority", "shortest_job_first", "Aged", "Tenanted", "aging", "fair_queuing"]
 

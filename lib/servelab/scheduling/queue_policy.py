@@ -1,10 +1,10 @@
 """Queue policies: which waiting request is served first, for the engine and the tick simulators alike.
 
 A policy reads a waiting request through :class:`Queued` (arrival index, priority class, tokens still
-owed), which the engine's ``Sequence`` and :mod:`servelab.batching`'s requests both provide. A *key* maps
+owed), which the engine's ``Sequence`` and :mod:`servelab.scheduling.batching`'s requests both provide. A *key* maps
 a request to a tuple; smaller keys are served first (in the engine, preempted last), and every key ends
 with the arrival index, so the order is total. FCFS, the default, is here; priority, SJF, SJF with aging
-and fair queuing are in :mod:`servelab.queue_disciplines`.
+and fair queuing are in :mod:`servelab.scheduling.queue_disciplines`.
 
 System boundary: ordering only; whether a request fits (slots, token budget, KV blocks) is the scheduler's.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
-from servelab.queue_disciplines import aging, fair_queuing, priority, shortest_job_first
+from servelab.scheduling.queue_disciplines import aging, fair_queuing, priority, shortest_job_first
 
 __all__ = ["Queued", "Key", "fcfs", "POLICIES", "ENGINE_POLICIES", "running_key", "rank_waiting"]
 

@@ -1,7 +1,7 @@
 """Cold start of a serving process, measured in a fresh Python interpreter.
 
 System boundary: one new process that serves the course's tiny Llama with :class:`LLMEngine` on
-this machine's CPU. :func:`measure_cold_start` starts ``python -m servelab.coldstart`` (nothing of
+this machine's CPU. :func:`measure_cold_start` starts ``python -m servelab.server.coldstart`` (nothing of
 torch or servelab imported yet) and times, with both the wall clock and the CPU time of that
 process, the phases a new replica goes through before it answers at full speed:
 
@@ -133,7 +133,7 @@ def measure_cold_start(n_steady: int = 10, num_threads: int = 1, timeout_s: floa
     package_root = str(Path(__file__).resolve().parents[1])  # the servelab this process imported
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p))
-    done = subprocess.run([sys.executable, "-m", "servelab.coldstart", str(n_steady), str(num_threads)],
+    done = subprocess.run([sys.executable, "-m", "servelab.server.coldstart", str(n_steady), str(num_threads)],
                           capture_output=True, text=True, env=env, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"cold-start child failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
@@ -144,7 +144,7 @@ def measure_cold_start(n_steady: int = 10, num_threads: int = 1, timeout_s: floa
 
 
 def main(argv: list[str]) -> int:
-    """``python -m servelab.coldstart N_STEADY NUM_THREADS``: print the measurement as one JSON line."""
+    """``python -m servelab.server.coldstart N_STEADY NUM_THREADS``: print the measurement as one JSON line."""
     n_steady, num_threads = (int(a) for a in argv)
     print(json.dumps(_child(n_steady, num_threads)))
     return 0

@@ -1,9 +1,9 @@
-"""Command line for instructors: ``python -m servelab.exercises grade SUBMISSIONS_DIR --out grades.csv``.
+"""Command line for instructors: ``python -m servelab_instructor.grader grade SUBMISSIONS_DIR --out grades.csv``.
 
 Grades every student's exercise notebooks on hidden cases drawn from a secret seed (``--seed`` or the
 ``SERVELAB_GRADE_SEED`` environment variable; prefer the variable: a command line is visible to every
 process on the machine), prints each student's total per exercise and every skipped file with its
-reason, and writes the sheet in ``--format long|canvas|moodle`` (see :mod:`servelab.exercises.lms`),
+reason, and writes the sheet in ``--format long|canvas|moodle`` (see :mod:`servelab_instructor.grader.lms`),
 plus one Markdown feedback file per student with ``--feedback DIR``. The hidden cases need the
 instructor-only reference solutions (``servelab_instructor``, in the course repository's ``lib/``, not in
 the wheel); without them it prints what is missing and how to get it, and exits with status 2.
@@ -16,16 +16,16 @@ import os
 import sys
 
 from servelab.exercises.expected import MissingReference
-from servelab.exercises.grade import grade_submissions
-from servelab.exercises.lms import FORMATS, read_roster, write_feedback, write_sheet
-from servelab.exercises.reaper import hide_process_state
-from servelab.exercises.sandbox import Limits
+from servelab_instructor.grader.grade import grade_submissions
+from servelab_instructor.grader.lms import FORMATS, read_roster, write_feedback, write_sheet
+from servelab_instructor.grader.reaper import hide_process_state
+from servelab_instructor.grader.sandbox import Limits
 
 SEED_VARIABLE = "SERVELAB_GRADE_SEED"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m servelab.exercises", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m servelab_instructor.grader", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     grade = commands.add_parser("grade", help="grade submitted notebooks on hidden cases and write the sheet")
     grade.add_argument("submissions", help="folder of submissions (a folder per student, or LMS download names)")

@@ -54,7 +54,7 @@ class RefusedImport(ImportError):
 
 @dataclass(frozen=True)
 class RequestTiming:
-    """A stand-in for ``servelab.metrics.RequestTiming``: the same fields and properties, seconds."""
+    """A stand-in for ``servelab.metrics.latency.RequestTiming``: the same fields and properties, seconds."""
 
     arrival: float
     first_scheduled: float

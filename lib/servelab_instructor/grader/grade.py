@@ -29,14 +29,14 @@ from pathlib import Path
 import nbformat
 
 from servelab._validate import require_int
-from servelab.exercises import sandbox
+from servelab_instructor.grader import sandbox
 from servelab.exercises.catalog import EXERCISES, Exercise, exercise_for
 from servelab.exercises.expected import reference
-from servelab.exercises.extract import graded_statements
-from servelab.exercises.reaper import reaping, sweep
+from servelab_instructor.grader.extract import graded_statements
+from servelab_instructor.grader.reaper import reaping, sweep
 from servelab.exercises.result import CheckResult, observing_cases
-from servelab.exercises.sandbox import CaseLog, Limits, RemoteClass, RemoteFunction, Worker
-from servelab.exercises.submissions import Skipped, Submission, find_submissions
+from servelab_instructor.grader.sandbox import CaseLog, Limits, RemoteClass, RemoteFunction, Worker
+from servelab_instructor.grader.submissions import Skipped, Submission, find_submissions
 from servelab.prose import count
 
 __all__ = ["CaseGrade", "GradeRun", "Limits", "grade_notebook", "grade_submissions"]

@@ -1,6 +1,6 @@
 """The grader's side of the isolated worker: start it, load a submission, call it, kill it.
 
-:class:`Worker` starts :mod:`servelab.exercises._worker`'s text with ``python -I -u -c`` in a fresh
+:class:`Worker` starts :mod:`servelab_instructor.grader._worker`'s text with ``python -I -u -c`` in a fresh
 empty temporary folder, in a session of its own, with a minimal environment (no ``PYTHONPATH``, no
 grading seed, no path to the grade sheet). A submission's functions and classes are then reached
 through :class:`RemoteFunction` and :class:`RemoteClass`: a checker calls them exactly as it would
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab.exercises._worker import decode, encode
+from servelab_instructor.grader._worker import decode, encode
 
 __all__ = ["LIVE", "SPAWN_LOCK", "CaseLog", "Limits", "RemoteClass", "RemoteFunction", "StudentError", "Worker",
            "describe"]

@@ -1,12 +1,12 @@
-"""Command line for instructors: ``python -m servelab.questions export ...``.
+"""Command line for instructors: ``python -m servelab_instructor.questions export ...``.
 
 Examples::
 
-    python -m servelab.questions export --tiers L1,L2 --out hw1
-    python -m servelab.questions export --questions Q1,Q9 --format notebook --out quiz
-    python -m servelab.questions export --tiers L1 --set pipeline --format markdown --out drill
+    python -m servelab_instructor.questions export --tiers L1,L2 --out hw1
+    python -m servelab_instructor.questions export --questions Q1,Q9 --format notebook --out quiz
+    python -m servelab_instructor.questions export --tiers L1 --set pipeline --format markdown --out drill
 
-    python -m servelab.questions export --tiers L1 --out week1 --key-out week1-key
+    python -m servelab_instructor.questions export --tiers L1 --out week1 --key-out week1-key
 
 Writes ``assignment.*`` (student version, no answers) into ``--out`` and ``answer-key.*`` into
 ``--key-out`` (default ``--out``).
@@ -18,7 +18,7 @@ import argparse
 import sys
 
 from servelab.questions.bank import load_bank
-from servelab.questions.export import FORMATS, export_assignment
+from servelab_instructor.questions.export import FORMATS, export_assignment
 
 
 def _csv(value: str) -> list[str]:
@@ -29,7 +29,7 @@ def _csv(value: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m servelab.questions", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m servelab_instructor.questions", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="write a student assignment and its answer key")
     pick = export.add_mutually_exclusive_group(required=True)

@@ -29,8 +29,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from servelab._validate import require_int, require_real
-from servelab.roofline import analytic
-from servelab.roofline.analytic import ModelShape, decode_cost
+from servelab.metrics.roofline import analytic
+from servelab.metrics.roofline.analytic import ModelShape, decode_cost
 
 Clock = Callable[[], float]
 """Seconds, as :func:`time.perf_counter` (wall clock, the default) or :func:`time.thread_time` (CPU seconds
@@ -196,7 +196,7 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
 
 def decode_floor(model: torch.nn.Module, roofline: Roofline, context_len: int, batch: int, ops: int) -> StepFloor:
     """The floors of one decode step of ``model`` with ``batch`` sequences of ``context_len`` cached tokens
-    that dispatches ``ops`` operators (bytes and FLOPs from :func:`servelab.roofline.decode_cost`)."""
+    that dispatches ``ops`` operators (bytes and FLOPs from :func:`servelab.metrics.roofline.decode_cost`)."""
     cost = decode_cost(model_shape(model), context_len, batch)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return roofline.floor(cost.bytes, cost.flops, ops, dtype if dtype in roofline.peak_flops else "float32")
