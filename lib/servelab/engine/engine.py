@@ -84,7 +84,8 @@ class EngineCore:
         if sched.is_empty and not (outputs or sched.preempted or sched.swapped_out or sched.swapped_in):
             return StepOutputs(outputs)
         if self.config.trace_steps:  # tracing is off by default
-            self.trace.append(StepRecord.of_step(self.num_steps, start, self.clock(), sched, outputs, self))
+            self.trace.append(StepRecord.of_step(self.num_steps, start, self.clock(), sched, outputs,
+                                                 self.allocator, self.scheduler))
         self.num_steps += 1
         admitted = set(sched.admitted)
         return StepOutputs(outputs, tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks

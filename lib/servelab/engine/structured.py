@@ -17,7 +17,7 @@ import torch
 from servelab.sampling import grammar
 
 if TYPE_CHECKING:
-    from servelab.engine.sampler import SamplingRow
+    from servelab.engine.sampling_row import SamplingRow
     from servelab.engine.sequence import Sequence
 
 __all__ = ["grammar_masks", "mask_logits", "accept_tokens"]

@@ -12,12 +12,9 @@ import threading
 from collections import Counter, deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from servelab._validate import require_int
-
-if TYPE_CHECKING:
-    from servelab.lifecycle.state_machine import RequestState
+from servelab.lifecycle.states import RequestState
 
 __all__ = ["Usage", "TerminalRecord", "LedgerTotals", "Ledger"]
 

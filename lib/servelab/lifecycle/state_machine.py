@@ -23,11 +23,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from enum import Enum
 
 from servelab._validate import require_int, require_real
 from servelab.kv import BlockAllocator
 from servelab.lifecycle.ledger import Ledger, TerminalRecord, Usage
+from servelab.lifecycle.states import RequestState, Resource
 
 __all__ = [
     "RequestState",
@@ -44,40 +44,6 @@ __all__ = [
     "Ledger",
     "reclaim",
 ]
-
-
-class RequestState(Enum):
-    """Every state a request can be in, from arrival at the server to its one terminal record.
-
-    ``STATE_TABLE[state].summary`` says what each state means. ``RUNNABLE`` is an alias of ``PREFILL``:
-    the scheduler's name for "picked by a tick and physically allocated".
-    """
-
-    ARRIVED = "arrived"
-    VALIDATED = "validated"
-    QUEUED = "queued"
-    DEGRADED = "degraded"
-    PREFILL = "prefill"
-    RUNNABLE = "prefill"
-    DECODE = "decode"
-    BACKPRESSURED = "backpressured"
-    PREEMPTED = "preempted"
-    SWAPPED = "swapped"
-    FINISHED = "finished"
-    REJECTED = "rejected"
-    CANCELLED = "cancelled"
-    TIMED_OUT = "timed_out"
-    FAILED = "failed"
-
-
-class Resource(Enum):
-    """Things a request can own; ``StateInfo.holds`` lists them per state."""
-
-    KV_RESERVATION = "KV reservation (bookkeeping blocks promised, not yet allocated)"
-    KV_BLOCKS = "physical KV blocks on the accelerator (refcounted, maybe shared)"
-    BATCH_SLOT = "a slot in the active batch (max_num_seqs)"
-    HOST_SWAP = "host-memory swap space holding its KV"
-    STREAM_BUFFER = "bounded buffer of generated-but-unsent text on the response stream"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The queueing disciplines beyond first come, first served: priority classes, shortest job first, SJF with
 aging, and per-tenant fair queuing.
 
-Each reads a waiting request through a small protocol (the :class:`servelab.scheduling.queue_policy.Queued` fields,
+Each reads a waiting request through a small protocol (the :class:`servelab.scheduling.queued.Queued` fields,
 plus the time waited for aging or the tenant for fair queuing), so the engine's scheduler
 (``EngineConfig.policy``, through :func:`servelab.scheduling.queue_policy.rank_waiting`) and the simulators of
 :mod:`servelab.scheduling.batching` share them. SJF starves long requests and arrival order lets one busy tenant
@@ -15,10 +15,9 @@ waiting in scheduler ticks and tokens served per tenant, the simulators in their
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from servelab.scheduling.queue_policy import Queued
+from servelab.scheduling.queued import Queued
 
 __all__ = ["priority", "shortest_job_first", "Aged", "Tenanted", "aging", "fair_queuing"]
 

@@ -11,31 +11,15 @@ System boundary: ordering only; whether a request fits (slots, token budget, KV 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Protocol, TypeVar
+from collections.abc import Mapping
+from typing import TypeVar
 
 from servelab.scheduling.queue_disciplines import aging, fair_queuing, priority, shortest_job_first
+from servelab.scheduling.queued import Key, Queued
 
 __all__ = ["Queued", "Key", "fcfs", "POLICIES", "ENGINE_POLICIES", "running_key", "rank_waiting"]
 
 
-class Queued(Protocol):
-    """What every policy reads from a waiting request."""
-
-    @property
-    def arrival_index(self) -> int:
-        """Place in arrival order (distinct per request: the tie-breaker that makes orders total)."""
-
-    @property
-    def priority(self) -> int:
-        """Priority class: lower is served first."""
-
-    @property
-    def remaining_tokens(self) -> int:
-        """Tokens it may still generate: a proxy for (or an oracle of) its remaining work."""
-
-
-Key = Callable[[Queued], tuple]
 _Q = TypeVar("_Q", bound=Queued)
 
 
