@@ -26,12 +26,12 @@ from servelab.engine.config import EngineConfig
 from servelab.engine import logprobs, structured
 from servelab.engine.model_runner import ForwardInput, ModelRunner
 from servelab.engine.parallel_sampling import fork_finished_prompts
-from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, EngineRequest, lifecycle_state
+from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, lifecycle_state
 from servelab.engine.reservation import reservation_policy
 from servelab.engine.sampler import SamplingRow, sample_tokens
 from servelab.engine.scheduler import Scheduler, SchedulerOutput
-from servelab.engine.sequence import (RequestOutput, SampleOutput, Sequence, StepOutputs, accept_token,
-                                      finish_text, request_output, usage)
+from servelab.engine.sequence import (EngineRequest, RequestOutput, SampleOutput, Sequence, StepOutputs,
+                                      accept_token, finish_text, request_output, usage)
 from servelab.engine.trace import StepRecord
 from servelab.engine.validation import RequestValidator, check_components, context_limit
 from servelab.kv.allocator import BlockAllocator

@@ -18,8 +18,8 @@ from servelab.model.chat_template import ChatTemplate
 from servelab.device import resolve_device_dtype
 from servelab.engine.config import EngineConfig
 from servelab.engine.engine import EngineCore
-from servelab.engine.request import EngineRequest, lifecycle_state, new_request
-from servelab.engine.sequence import RequestOutput
+from servelab.engine.request import lifecycle_state, new_request
+from servelab.engine.sequence import EngineRequest, RequestOutput
 from servelab.lifecycle.ledger import LedgerTotals
 from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling.params import SamplingParams

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from servelab.engine.config import EngineConfig
 from servelab.engine.sequence import Sequence, SeqStatus
-from servelab.engine.swap import HostSwapSpace, swap_in, swap_out
+from servelab.engine.swap import HostSwapSpace
 from servelab.kv.allocator import BlockAllocator, BlockCopy, OutOfBlocks
 from servelab.kv.arithmetic import blocks_for
 from servelab.lifecycle.state_machine import SlotPool
@@ -164,7 +164,7 @@ class Scheduler:
         self.ticks += 1
         out = SchedulerOutput()
         if self.swapped:
-            swap_in(self, out)
+            self.swap_in(out)
         self.running.sort(key=self.key)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         scheduled = {c.seq_id for c in out.chunks}
@@ -191,6 +191,43 @@ class Scheduler:
             self.served[seq.tenant] = self.served.get(seq.tenant, 0) + 1
 
     # ------------------------------------------------------------------------------- running sequences
+
+    def swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Preempt ``seq`` (already out of the running queue and its batch slots) by swap: copy its computed KV
+        to host memory, free its device blocks and queue it as swapped. False, nothing done, when it has no
+        computed KV, or there is no host swap space or not enough of it left."""
+        space, computed = self.swap_space, blocks_for(seq.num_computed, self.config.block_size)
+        if space is None or not computed:
+            return False
+        if not space.store(seq.seq_id, self.allocator.block_table(seq.seq_id)[:computed]):
+            return False
+        self.allocator.free(seq.seq_id)
+        seq.status = SeqStatus.SWAPPED
+        self.swapped.append(seq)
+        out.swapped_out.append(seq.seq_id)
+        return True
+
+
+    def swap_in(self, out: SchedulerOutput) -> None:
+        """One tick's swap-ins: bring swapped sequences (not paused ones) back while batch slots and blocks
+        allow, best-ranked first; each gets fresh blocks (``BlockAllocator.restore``) its host copy is written
+        into, and rejoins the running queue."""
+        self.swapped.sort(key=self.key)
+        for seq in [s for s in self.swapped if not s.paused]:
+            if self.slots.available < seq.batch_slots:
+                return
+            if not self.allocator.reserve(seq.seq_id, blocks_for(seq.num_tokens, self.config.block_size)):
+                return  # its KV plus the slots of its next chunk
+            self.slots.acquire(seq.seq_id, seq.batch_slots)
+            blocks = self.allocator.restore(seq.seq_id, seq.num_computed, seq.token_ids[:seq.num_computed],
+                                                 namespace=seq.namespace)
+            self.allocator.release_reservation(seq.seq_id)
+            self.swap_space.restore(seq.seq_id, blocks)
+            self.allocator.mark_computed(seq.seq_id, seq.num_computed)  # the KV is back: offer it to the cache
+            self.swapped.remove(seq)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.swapped_in.append(seq.seq_id)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         i = 0
@@ -244,7 +281,7 @@ class Scheduler:
         otherwise drop it (recompute later)."""
         self.running.remove(seq)
         self.slots.release(seq.seq_id)
-        if self.config.preemption_mode == "swap" and swap_out(self, seq, out):
+        if self.config.preemption_mode == "swap" and self.swap_out(seq, out):
             return
         self.allocator.free(seq.seq_id)
         seq.num_computed = 0
