@@ -1,4 +1,7 @@
-"""The chapter -> module map and the engine's reading order, read from the notebooks and the sources.
+"""The chapter -> package map, the chapter -> module map and the engine's reading order, read from the code.
+
+:func:`chapter_packages` reads the chapter -> package table written once, in the docstring of
+``lib/servelab/__init__.py``.
 
 :func:`chapter_modules` parses every chapter notebook's code cells (``notebooks/ch*.ipynb`` and the
 appendix) with :mod:`ast` and collects the ``servelab`` modules each one imports. :func:`engine_reading_order`
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +23,54 @@ import nbformat
 
 from servelab.engine.reading_order import ENGINE_STEP
 
-__all__ = ["ENGINE_STEP", "CHAPTER_MAP_MARKER", "READING_ORDER_MARKER", "ReadingStop", "chapter_notebooks",
+__all__ = ["ENGINE_STEP", "PACKAGE_MAP_MARKER", "CHAPTER_MAP_MARKER", "READING_ORDER_MARKER", "ChapterPackage",
+           "chapter_packages", "package_map_markdown", "ReadingStop", "chapter_notebooks",
            "notebook_modules", "chapter_modules", "module_path", "engine_reading_order", "chapter_map_markdown",
            "reading_order_markdown", "with_course_map"]
 
+PACKAGE_MAP_MARKER = "% servelab: chapter package map"
 CHAPTER_MAP_MARKER = "% servelab: chapter module map"
 READING_ORDER_MARKER = "% servelab: engine reading order"
 PACKAGE = "servelab"
+# One row of the chapter table in servelab/__init__.py's docstring: "  §3  sampling  what it holds".
+_PACKAGE_ROW = re.compile(r"^\s*§(\w)\s+([a-z_]+)\s+(.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class ChapterPackage:
+    """One row of the library's chapter table: the chapter (``"3"``, ``"A"``), its package and what it holds."""
+
+    chapter: str
+    package: str
+    what: str
+
+    @property
+    def notebook_prefix(self) -> str:
+        """The file-name prefix of the chapter's notebooks (``ch03-``, ``appendix-a-``)."""
+        return f"ch{int(self.chapter):02d}-" if self.chapter.isdigit() else f"appendix-{self.chapter.lower()}-"
+
+
+def chapter_packages(root: Path) -> list[ChapterPackage]:
+    """The chapter -> package table of ``lib/servelab/__init__.py``'s docstring (read from the source, the
+    one place it is written), in chapter order."""
+    source = (root / "lib" / PACKAGE / "__init__.py").read_text(encoding="utf-8")
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    return [ChapterPackage(*match.groups()) for line in doc.splitlines() if (match := _PACKAGE_ROW.match(line))]
+
+
+def package_map_markdown(root: Path, source_base: str) -> str:
+    """The chapter -> package table as MyST Markdown: each chapter's notebooks linked, each package linked
+    to its source, and what it holds, all as ``servelab/__init__.py`` states them."""
+    rows = ["| § | chapter notebooks | package | what it holds |", "| --- | --- | --- | --- |"]
+    notebooks = chapter_notebooks(root)
+    packages = set()
+    for row in chapter_packages(root):
+        module = f"{PACKAGE}.{row.package}"
+        packages.add(module)
+        docs = ", ".join(f"{{doc}}`../notebooks/{path.stem}`" for path in notebooks
+                         if path.name.startswith(row.notebook_prefix))
+        rows.append(f"| {row.chapter} | {docs} | {_link(module, 'pkg')} | {row.what} |")
+    return "\n".join([*rows, "", *_definitions(packages, "pkg", root, source_base)])
 
 
 @dataclass(frozen=True)
@@ -141,6 +186,7 @@ def reading_order_markdown(root: Path, source_base: str) -> str:
 def with_course_map(text: str, root: Path, source_base: str) -> str:
     """``text`` (a MyST page) with each marker line replaced by its generated table."""
     lines = text.split("\n")
-    render = {CHAPTER_MAP_MARKER: chapter_map_markdown, READING_ORDER_MARKER: reading_order_markdown}
+    render = {PACKAGE_MAP_MARKER: package_map_markdown, CHAPTER_MAP_MARKER: chapter_map_markdown,
+              READING_ORDER_MARKER: reading_order_markdown}
     return "\n".join(render[line.strip()](root, source_base) if line.strip() in render else line
                      for line in lines)
