@@ -229,6 +229,33 @@ class Scheduler:
             self.running.append(seq)
             out.swapped_in.append(seq.seq_id)
 
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """``n > 1``: split ``parent``, whose prompt is computed, into itself plus ``children`` (they join the
+        running queue sharing its blocks; :mod:`servelab.engine.parallel_sampling` says when)."""
+        self.slots.release(parent.seq_id)  # the parent held 1 + len(children) slots since admission
+        for seq in (parent, *children):
+            self.slots.acquire(seq.seq_id)
+        for child in children:
+            self.allocator.fork(parent.seq_id, child.seq_id)
+            child.num_computed = parent.num_computed
+            child.cached_prompt_tokens = parent.cached_prompt_tokens
+            child.paused = parent.paused
+            child.times.first_scheduled = parent.times.first_scheduled
+            child.status = SeqStatus.RUNNING
+            self.running.append(child)
+        self._split_reservation(parent, children)
+        parent.samples_to_fork = 0
+
+
+    def _split_reservation(self, parent: Sequence, children: list[Sequence]) -> None:
+        """The parent's promise (made for all ``n`` samples) is shared out evenly."""
+        allocator = self.allocator
+        total = allocator.release_reservation(parent.seq_id)
+        share = total // (1 + len(children))
+        for child in children:
+            allocator.reserve(child.seq_id, share)
+        allocator.reserve(parent.seq_id, total - share * len(children))
+
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
