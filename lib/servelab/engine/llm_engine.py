@@ -9,7 +9,7 @@ None of it runs inside ``EngineCore.step``, which reads the requests these metho
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence as SequenceOf
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -169,8 +169,8 @@ class LLMEngine(EngineCore):
         """Yield the text deltas of one new request as steps produce them (see :func:`stream`)."""
         return stream(self, prompt, params, **kwargs)
 
-    def generate(self, prompts: SequenceOf[str | list[int]] | str,
-                 params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:
+    def generate(self, prompts: Sequence[str | list[int]] | str,
+                 params: SamplingParams | Sequence[SamplingParams]) -> list[RequestOutput]:
         """Offline batch: run all ``prompts`` to completion; each one's final output, in order
         (see :func:`generate`)."""
         return generate(self, prompts, params)
@@ -222,8 +222,8 @@ def stream(engine: LLMEngine, prompt: str | list[int], params: SamplingParams, *
             engine.abort(request_id)
 
 
-def generate(engine: LLMEngine, prompts: SequenceOf[str | list[int]] | str,
-         params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:
+def generate(engine: LLMEngine, prompts: Sequence[str | list[int]] | str,
+         params: SamplingParams | Sequence[SamplingParams]) -> list[RequestOutput]:
     """Offline batch: run all ``prompts`` to completion; returns each one's final output, in order.
 
     Like :func:`stream`, it drives :meth:`LLMEngine.step` itself, so outputs of other requests already in the

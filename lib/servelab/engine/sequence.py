@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection
-from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 
 import torch
@@ -266,7 +265,7 @@ def finish_text(seq: Sequence, reason: str, now: float) -> None:
     seq.times.finish = now
 
 
-def request_output(request_id: str, seqs: SequenceOf[Sequence], finish_reason: str | None) -> RequestOutput:
+def request_output(request_id: str, seqs: list[Sequence], finish_reason: str | None) -> RequestOutput:
     """The request's output for this step; hands out (and clears) each sample's pending delta."""
     finished = finish_reason is not None
     first = seqs[0]
@@ -283,7 +282,7 @@ def request_output(request_id: str, seqs: SequenceOf[Sequence], finish_reason: s
     return output
 
 
-def usage(seqs: SequenceOf[Sequence]) -> Usage:
+def usage(seqs: list[Sequence]) -> Usage:
     """The request's token counts so far, summed over its samples (a finished sample counts what it
     held when it finished)."""
     first = seqs[0]
