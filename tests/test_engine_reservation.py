@@ -9,7 +9,7 @@ import pytest
 from servelab.engine import EngineConfig, LLMEngine
 from servelab.bench.admission_study import compare_reservation_policies
 from servelab.engine.config import RESERVATION_POLICIES
-from servelab.engine.reservation import reservation_policy
+from servelab.engine.admission import reservation_policy
 from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling import SamplingParams
 

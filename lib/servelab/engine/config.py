@@ -13,7 +13,7 @@ from servelab._validate import require_int, require_interval, require_real, requ
 from servelab.scheduling.queue_policy import ENGINE_POLICIES
 
 PREEMPTION_MODES = ("recompute", "swap")
-RESERVATION_POLICIES = ("on-demand", "up-front")  # the rules of servelab.engine.reservation.RESERVATIONS
+RESERVATION_POLICIES = ("on-demand", "up-front")  # the rules of servelab.engine.admission.RESERVATIONS
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class EngineConfig:
             and swapped sequences follow the key of ``servelab.scheduling.queue_policy.running_key``.
         aging_rate: tokens of rank one scheduler tick of waiting earns under ``"sjf-aging"`` (>= 0).
         reservation_policy: the admission rule, a name in :data:`RESERVATION_POLICIES` (see
-            ``servelab.engine.reservation``): ``"on-demand"`` (reserve the uncached
+            ``servelab.engine.admission``): ``"on-demand"`` (reserve the uncached
             prompt blocks, grow block by block, preempt under pressure) or ``"up-front"`` (reserve
             prompt + ``max_tokens`` blocks at admission, never preempt).
         max_model_len: context limit in tokens (prompt + output); ``None`` uses the model's

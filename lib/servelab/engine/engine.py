@@ -27,7 +27,7 @@ from servelab.engine import logprobs, structured
 from servelab.engine.model_runner import ForwardInput, ModelRunner
 from servelab.engine.parallel_sampling import fork_finished_prompts
 from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, lifecycle_state
-from servelab.engine.reservation import reservation_policy
+from servelab.engine.admission import reservation_policy
 from servelab.engine.sampler import SamplingRow, sample_tokens
 from servelab.engine.scheduler import Scheduler, SchedulerOutput
 from servelab.engine.sequence import (EngineRequest, RequestOutput, SampleOutput, Sequence, StepOutputs,

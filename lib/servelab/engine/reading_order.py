@@ -12,7 +12,7 @@ __all__ = ["ENGINE_STEP"]
 
 # One default engine step (EngineConfig(), SamplingParams()), file by file in the order a reader meets them:
 # (module, what to read there, why). What a default step does not run lives off this walk: tracing
-# (engine.trace), swapping (engine.swap), the up-front rule (engine.reservation), the n > 1 fork
+# (engine.trace), swapping (engine.swap), the up-front rule (engine.admission), the n > 1 fork
 # (engine.parallel_sampling), logits processors, grammar masks, truncation filters, logprobs, and the
 # queueing disciplines beyond FCFS (queue_disciplines).
 ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (

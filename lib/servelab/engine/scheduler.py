@@ -5,7 +5,7 @@ request with ``n`` samples takes ``n`` from admission), the ``max_num_batched_to
 decode tokens and prefill chunks, and the KV block pool, whose admission rule is a
 :class:`ReservationPolicy`. A decode that finds no free block preempts the lowest-ranked running
 sequence. A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and keeps what it holds.
-Off the default step: :mod:`~servelab.engine.swap`, :mod:`~servelab.engine.reservation` (the up-front
+Off the default step: :mod:`~servelab.engine.swap`, :mod:`~servelab.engine.admission` (the up-front
 rule) and :mod:`~servelab.engine.parallel_sampling` (the fork of ``n > 1`` samples).
 
 System boundary: the scheduler moves block ids and sequences; KV bytes are copied by the ``copy_blocks``
@@ -36,7 +36,7 @@ CopyBlocks = Callable[[list[tuple[int, int]]], None]
 class ReservationPolicy:
     """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised. This
     class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output grows block
-    by block and a decode that finds the pool empty preempts (``"up-front"``: :mod:`~servelab.engine.reservation`).
+    by block and a decode that finds the pool empty preempts (``"up-front"``: :mod:`~servelab.engine.admission`).
     Two phases: :meth:`admit` reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of
     it, :meth:`keep_output_promise` leaves the output's promise reserved. Units: blocks of ``block_size``
     token slots; ``max_model_len`` in tokens (None: no cap)."""

@@ -2,7 +2,7 @@
 it from.
 
 ``EngineConfig.reservation_policy`` names the rule an engine admits by (the behaviour lives in
-``servelab.engine.reservation``). The state table's guard, its hover text in the state diagram and
+``servelab.engine.admission``). The state table's guard, its hover text in the state diagram and
 every sentence of the book that says what a reservation covers are built from :func:`rule_for` and
 :func:`default_policy`, so the book cannot state the rule two ways. ``tests/test_reservation_rules.py``
 checks each sentence against the policy's behaviour; ``browser_tests/test_html.py`` checks that every
