@@ -1,4 +1,4 @@
-"""The admission rule (servelab.engine.scheduler.ReservationPolicy): on-demand vs up-front KV reservation.
+"""The admission rule (servelab.engine.admission.ReservationPolicy): on-demand vs up-front KV reservation.
 
 Two-phase admission holds a reservation from admission until the blocks it promised are allocated or
 the request ends; every exit path (finish, cancel, deadline, failure, preemption, a sample ending early)

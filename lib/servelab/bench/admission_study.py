@@ -2,7 +2,7 @@
 
 :func:`compare_reservation_policies` runs the same requests (all queued at once, greedy, EOS ignored, so
 every request generates exactly its ``max_tokens``) through a fresh ``LLMEngine`` per policy of
-``servelab.engine.scheduler.ReservationPolicy`` and reports, per policy:
+``servelab.engine.admission.ReservationPolicy`` and reports, per policy:
 
 * ``peak_running`` / ``mean_running``: sequences in the batch after each step (admitted concurrency);
 * ``preemptions``: sequences preempted (recompute or swap-out) over the run;

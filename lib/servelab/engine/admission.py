@@ -1,18 +1,62 @@
-"""The up-front admission rule, and the rule ``EngineConfig.reservation_policy`` names.
+"""Admission: the KV blocks a request is promised when the scheduler admits it, under each rule.
 
-The scheduler holds one :class:`~servelab.engine.scheduler.ReservationPolicy`; the default,
-``"on-demand"``, is that class itself. :class:`UpFrontReservation` is the other rule: a running request
-is never preempted, at the price of blocks promised (and idle) from admission to the end. Units: blocks
-of ``block_size`` token slots; tokens for lengths.
+The scheduler holds one :class:`ReservationPolicy`; the default, ``"on-demand"`` (as vLLM), is that class
+itself. :class:`UpFrontReservation` is the other rule (as TGI): a running request is never preempted, at
+the price of blocks promised (and idle) from admission to the end. :func:`reservation_policy` builds the
+rule ``EngineConfig.reservation_policy`` names; the rules in words, for the book, are
+:mod:`servelab.lifecycle.reservation_rules`. Units: blocks of ``block_size`` token slots; tokens for
+lengths.
 """
 
 from __future__ import annotations
 
 from servelab.engine.config import RESERVATION_POLICIES
-from servelab.engine.scheduler import ReservationPolicy
+from dataclasses import dataclass
+from typing import ClassVar
+
+from servelab.engine.sequence import Sequence
+from servelab.kv.allocator import BlockAllocator
 from servelab.kv.arithmetic import blocks_for
 
-__all__ = ["UpFrontReservation", "RESERVATIONS", "reservation_policy"]
+__all__ = ["ReservationPolicy", "UpFrontReservation", "RESERVATIONS", "reservation_policy"]
+
+
+@dataclass(frozen=True)
+class ReservationPolicy:
+    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised. This
+    class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output grows block
+    by block and a decode that finds the pool empty preempts (``"up-front"``: :class:`UpFrontReservation`).
+    Two phases: :meth:`admit` reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of
+    it, :meth:`keep_output_promise` leaves the output's promise reserved. Units: blocks of ``block_size``
+    token slots; ``max_model_len`` in tokens (None: no cap)."""
+
+    block_size: int
+    max_model_len: int | None = None
+    name: ClassVar[str] = "on-demand"
+    preempts: ClassVar[bool] = True  # running requests may be preempted for KV
+
+    def output_blocks(self, num_tokens: int, remaining_tokens: int, samples: int) -> int:
+        """Blocks promised for the output beyond those of the ``num_tokens`` already there: none."""
+        return 0
+
+    def worst_case_blocks(self, prompt_tokens: int, max_tokens: int, samples: int) -> int:
+        """Most blocks one request may hold or be promised at once (more than the pool: it never runs)."""
+        return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
+
+    def admit(self, allocator: BlockAllocator, seq: Sequence) -> bool:
+        """Phase 1: reserve the uncached prompt blocks plus the output promise; False (nothing reserved)
+        when the unreserved headroom is too small."""
+        need = allocator.num_blocks_to_allocate(seq.token_ids, seq.namespace)
+        return allocator.reserve(seq.seq_id, need + self.output_blocks(seq.num_tokens, seq.remaining_tokens,
+                                                                       seq.batch_slots))
+
+    def keep_output_promise(self, allocator: BlockAllocator, seq: Sequence) -> None:
+        """Phase 2, once the prompt blocks are allocated: keep reserved exactly the output's promise."""
+        allocator.release_reservation(seq.seq_id)
+        allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots))
+
+    def _capped(self, tokens: int) -> int:
+        return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
 
 
 class UpFrontReservation(ReservationPolicy):

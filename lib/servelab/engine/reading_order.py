@@ -17,8 +17,10 @@ __all__ = ["ENGINE_STEP"]
 # queueing disciplines beyond FCFS (queue_disciplines).
 ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("servelab.engine.engine", ("EngineCore.step", "EngineCore._run"), "the step's five phases, in order"),
-    ("servelab.engine.scheduler", ("Scheduler.schedule", "ReservationPolicy.admit"),
-     "phase 1: decodes, prefill chunks, admissions under the on-demand rule, preemption by recompute"),
+    ("servelab.engine.scheduler", ("Scheduler.schedule",),
+     "phase 1: decodes, prefill chunks, admissions, preemption by recompute"),
+    ("servelab.engine.admission", ("ReservationPolicy.admit",),
+     "what admission reserves under the default on-demand rule: the uncached prompt's blocks"),
     ("servelab.scheduling.queue_policy", ("fcfs", "rank_waiting"), "the order the waiting queue is served in (FCFS)"),
     ("servelab.kv.block_pool", ("BlockPool.allocate_prompt", "BlockPool.append_tokens"),
      "block tables, reservations, prefix hits"),

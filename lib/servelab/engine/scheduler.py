@@ -3,10 +3,11 @@
 A tick decides what the next forward pass computes under three limits: ``max_num_seqs`` batch slots (a
 request with ``n`` samples takes ``n`` from admission), the ``max_num_batched_tokens`` budget shared by
 decode tokens and prefill chunks, and the KV block pool, whose admission rule is a
-:class:`ReservationPolicy`. A decode that finds no free block preempts the lowest-ranked running
-sequence. A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and keeps what it holds.
-Off the default step: :mod:`~servelab.engine.swap`, :mod:`~servelab.engine.admission` (the up-front
-rule) and :mod:`~servelab.engine.parallel_sampling` (the fork of ``n > 1`` samples).
+:class:`~servelab.engine.admission.ReservationPolicy`. A decode that finds no free block preempts the
+lowest-ranked running sequence. A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and
+keeps what it holds. Off the default step: swapping (:meth:`Scheduler.swap_out`, :meth:`Scheduler.swap_in`,
+the host copies in :mod:`~servelab.engine.swap`), the up-front rule of :mod:`~servelab.engine.admission`
+and the fork of ``n > 1`` samples (:meth:`Scheduler.fork`, when: :mod:`~servelab.engine.parallel_sampling`).
 
 System boundary: the scheduler moves block ids and sequences; KV bytes are copied by the ``copy_blocks``
 function it is given (copy-on-write) and swapped through the host swap space, always before the blocks
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
 
+from servelab.engine.admission import ReservationPolicy
 from servelab.engine.config import EngineConfig
 from servelab.engine.sequence import Sequence, SeqStatus
 from servelab.engine.swap import HostSwapSpace
@@ -30,44 +31,6 @@ from servelab.scheduling.queue_policy import rank_waiting, running_key
 
 CopyBlocks = Callable[[list[tuple[int, int]]], None]
 """Copies the KV of physical block ``src`` into ``dst`` for each ``(src, dst)``, now (``KVCache.copy_blocks``)."""
-
-
-@dataclass(frozen=True)
-class ReservationPolicy:
-    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised. This
-    class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output grows block
-    by block and a decode that finds the pool empty preempts (``"up-front"``: :mod:`~servelab.engine.admission`).
-    Two phases: :meth:`admit` reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of
-    it, :meth:`keep_output_promise` leaves the output's promise reserved. Units: blocks of ``block_size``
-    token slots; ``max_model_len`` in tokens (None: no cap)."""
-
-    block_size: int
-    max_model_len: int | None = None
-    name: ClassVar[str] = "on-demand"
-    preempts: ClassVar[bool] = True  # running requests may be preempted for KV
-
-    def output_blocks(self, num_tokens: int, remaining_tokens: int, samples: int) -> int:
-        """Blocks promised for the output beyond those of the ``num_tokens`` already there: none."""
-        return 0
-
-    def worst_case_blocks(self, prompt_tokens: int, max_tokens: int, samples: int) -> int:
-        """Most blocks one request may hold or be promised at once (more than the pool: it never runs)."""
-        return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
-
-    def admit(self, allocator: BlockAllocator, seq: Sequence) -> bool:
-        """Phase 1: reserve the uncached prompt blocks plus the output promise; False (nothing reserved)
-        when the unreserved headroom is too small."""
-        need = allocator.num_blocks_to_allocate(seq.token_ids, seq.namespace)
-        return allocator.reserve(seq.seq_id, need + self.output_blocks(seq.num_tokens, seq.remaining_tokens,
-                                                                       seq.batch_slots))
-
-    def keep_output_promise(self, allocator: BlockAllocator, seq: Sequence) -> None:
-        """Phase 2, once the prompt blocks are allocated: keep reserved exactly the output's promise."""
-        allocator.release_reservation(seq.seq_id)
-        allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots))
-
-    def _capped(self, tokens: int) -> int:
-        return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
 
 
 @dataclass(frozen=True)
