@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from servelab._validate import require_int, require_real
 from servelab.kv import kv_bytes_per_token
+from servelab.metrics.roofline.analytic import causal_attention_flops
 
 __all__ = [
     "GB", "GIB", "to_gb", "to_gib", "weight_bytes", "kv_bytes_for_tokens", "kv_bytes_per_request",
@@ -111,13 +112,14 @@ def compute_rate(params: float, tokens_per_second: float) -> float:
 def prefill_flops(params: float, seq_len: int, n_layers: int, n_heads: int, head_dim: int) -> tuple[float, float]:
     """(weight-matmul FLOPs, attention FLOPs) of one dense prefill of ``seq_len`` tokens.
 
-    Weights: 2 x params per token, linear in the prompt. Attention: the scores Q K^T and the weighted
-    sum of V, 2 x 2 x seq_len^2 x head_dim per query head per layer when every score is computed (a
-    causal kernel that skips the masked half does about half): quadratic in the prompt.
+    Weights: 2 x params per token, linear in the prompt. Attention: causal, counted as the roofline counts
+    it (:func:`servelab.metrics.roofline.causal_attention_flops`, with ``hidden = n_heads x head_dim``):
+    each token scores itself and every earlier one, 2 x 2 x head_dim per (query, key) pair per query head
+    per layer, quadratic in the prompt.
     """
     n = require_int("seq_len", seq_len, 1)
-    heads = require_int("n_layers", n_layers, 1) * require_int("n_heads", n_heads, 1)
-    return flops_per_token(params) * n, 4.0 * heads * require_int("head_dim", head_dim, 1) * n * n
+    hidden = require_int("n_heads", n_heads, 1) * require_int("head_dim", head_dim, 1)
+    return flops_per_token(params) * n, float(causal_attention_flops(n_layers, hidden, n))
 
 
 def weight_read_rate(params: float, bytes_per_param: float, tokens_per_second: float) -> float:

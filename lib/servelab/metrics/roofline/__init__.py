@@ -13,9 +13,11 @@ from servelab.metrics.roofline.analytic import (
     ModelShape,
     PhaseCost,
     attainable_flops,
+    causal_attention_flops,
     decode_cost,
     prefill_cost,
     ridge_point,
 )
 
-__all__ = ["ModelShape", "PhaseCost", "attainable_flops", "decode_cost", "prefill_cost", "ridge_point"]
+__all__ = ["ModelShape", "PhaseCost", "attainable_flops", "causal_attention_flops", "decode_cost", "prefill_cost",
+           "ridge_point"]

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from servelab._validate import require_int, require_real
 from servelab.kv import kv_bytes_per_token
 
-__all__ = ["ModelShape", "PhaseCost", "attainable_flops", "decode_cost", "prefill_cost", "ridge_point"]
+__all__ = ["ModelShape", "PhaseCost", "attainable_flops", "causal_attention_flops", "decode_cost", "prefill_cost",
+           "ridge_point"]
 
 
 def ridge_point(peak_flops: float, mem_bandwidth: float) -> float:
@@ -84,17 +85,27 @@ def _require_shape(model: object) -> ModelShape:
     return model
 
 
+def causal_attention_flops(n_layers: int, hidden_size: int, prompt_len: int) -> int:
+    """FLOPs of causal self-attention over a prompt of ``prompt_len`` tokens, the one prefill-attention count of
+    the library: the scores Q K^T and the weighted sum of V cost 2 x 2 x ``hidden_size`` per (query, key)
+    pair, and a causal mask leaves each token scoring itself and every earlier one, L(L+1)/2 pairs per
+    layer: 2 x layers x hidden x L(L+1). (Computing every score, masked or not, would cost 4 x layers x
+    hidden x L^2, about twice as much.)"""
+    return 2 * require_int("n_layers", n_layers, 1) * require_int("hidden_size", hidden_size, 1) \
+        * require_int("prompt_len", prompt_len, 1) * (prompt_len + 1)
+
+
 def prefill_cost(model: ModelShape, prompt_len: int, batch: int = 1) -> PhaseCost:
     """One prefill pass over ``batch`` prompts of ``prompt_len`` tokens.
 
-    FLOPs: 2P per token for the weight matmuls plus causal attention, 4 x layers x hidden per
-    (query, key) pair, summed over positions: 2 x layers x hidden x L(L+1) per prompt.
+    FLOPs: 2P per token for the weight matmuls plus causal attention (:func:`causal_attention_flops`,
+    2 x layers x hidden x L(L+1) per prompt).
     Bytes: weights read once, plus the prompt's KV written once. Activations are ignored.
     """
     m = _require_shape(model)
     n = require_int("prompt_len", prompt_len, 1)
     b = require_int("batch", batch, 1)
-    flops = b * (2 * m.params * n + 2 * m.n_layers * m.hidden_size * n * (n + 1))
+    flops = b * (2 * m.params * n + causal_attention_flops(m.n_layers, m.hidden_size, n))
     return PhaseCost(flops, m.weight_bytes + b * n * m.kv_bytes_per_token)
 
 
