@@ -1,7 +1,7 @@
 """Cold start of a serving process, measured in a fresh Python interpreter.
 
 System boundary: one new process that serves the course's tiny Llama with :class:`LLMEngine` on
-this machine's CPU. :func:`measure_cold_start` starts ``python -m servelab.server.coldstart`` (nothing of
+this machine's CPU. :func:`measure_cold_start` runs this file in a new interpreter (nothing of
 torch or servelab imported yet) and times, with both the wall clock and the CPU time of that
 process, the phases a new replica goes through before it answers at full speed:
 
@@ -130,11 +130,13 @@ def measure_cold_start(n_steady: int = 10, num_threads: int = 1, timeout_s: floa
     require_int("n_steady", n_steady, 1)
     require_int("num_threads", num_threads, 1)
     require_real("timeout_s", timeout_s, 0.0, strict_min=True)
-    package_root = str(Path(__file__).resolve().parents[1])  # the servelab this process imported
+    package_root = str(Path(__file__).resolve().parents[2])  # the servelab this process imported
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p))
-    done = subprocess.run([sys.executable, "-m", "servelab.server.coldstart", str(n_steady), str(num_threads)],
-                          capture_output=True, text=True, env=env, timeout=timeout_s)
+    # This file runs as a script: ``-m servelab.server.coldstart`` would import the servelab.server
+    # package first, and with it the engine and torch, before the clock starts.
+    done = subprocess.run([sys.executable, "-c", _RUN_AS_SCRIPT, str(Path(__file__).resolve()), str(n_steady),
+                           str(num_threads)], capture_output=True, text=True, env=env, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"cold-start child failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
     data = json.loads(done.stdout.strip().splitlines()[-1])
@@ -143,8 +145,12 @@ def measure_cold_start(n_steady: int = 10, num_threads: int = 1, timeout_s: floa
                      data["torch_preloaded"])
 
 
+_RUN_AS_SCRIPT = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
 def main(argv: list[str]) -> int:
-    """``python -m servelab.server.coldstart N_STEADY NUM_THREADS``: print the measurement as one JSON line."""
+    """``python lib/servelab/server/coldstart.py N_STEADY NUM_THREADS``: print the measurement as one JSON
+    line."""
     n_steady, num_threads = (int(a) for a in argv)
     print(json.dumps(_child(n_steady, num_threads)))
     return 0
