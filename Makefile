@@ -41,7 +41,7 @@ book: setup
 
 # Each stage of `make test` runs under a hard wall-clock limit and prints its wall time
 # (tools/stage.sh); `make test` ends with the table of stage times, slowest first. Every notebook
-# runner also keeps a hard limit per notebook (servelab.nbrun), enforced from outside the notebook.
+# runner also keeps a hard limit per notebook (tools/nbrun.py), enforced from outside the notebook.
 STAGE := tools/stage.sh
 export STAGE_LOG ?= .stage-times
 
@@ -61,7 +61,7 @@ checks: setup
 test-lib: setup grader-deps
 	$(STAGE) test-lib 1200 $(PY) -m pytest -q -n 2 --dist loadfile tests
 
-# Debian's bubblewrap: the grader runs student code in its namespaces (servelab.exercises.isolation).
+# Debian's bubblewrap: the grader runs student code in its namespaces (servelab_instructor.grader.isolation).
 grader-deps:
 	@command -v bwrap >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }

@@ -184,8 +184,8 @@ def reservation_claims(text: str) -> list[tuple[str, bool, str]]:
 def expected_covers_output() -> dict[str, bool]:
     """Whether each policy (and the default) reserves output blocks, from the engine's behaviour."""
     from servelab.engine.config import RESERVATION_POLICIES
-    from servelab.engine.reservation import reservation_policy
-    from servelab.reservation_rules import default_policy
+    from servelab.engine.admission import reservation_policy
+    from servelab.lifecycle.reservation_rules import default_policy
 
     covers = {p: reservation_policy(p, block_size=16).output_blocks(20, 40, samples=1) > 0
               for p in RESERVATION_POLICIES}

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servelab.batching import (
+from servelab.scheduling.batching import (
     QUEUE_POLICIES,
     PrefillRequest,
     Request,

@@ -2,9 +2,10 @@ import math
 
 import pytest
 
-from servelab import capacity
+from servelab.metrics import capacity
+from servelab.metrics.roofline import ModelShape, prefill_cost
 
-from servelab.capacity import (
+from servelab.metrics.capacity import (
     compute_rate,
     expected_tokens_per_cycle,
     flops_per_token,
@@ -174,7 +175,7 @@ def test_occupancy_weights_counts_by_time_and_cuts_at_the_window():
 
 
 def test_occupancy_of_a_simulated_run_obeys_littles_law():
-    from servelab.loadsim import poisson_jobs, simulate_server
+    from servelab.metrics.loadsim import poisson_jobs, simulate_server
 
     records = simulate_server(poisson_jobs(4.0, 400.0, seed=1))
     inside = [r for r in records if r.arrival >= 50.0 and r.finish <= 350.0]
@@ -201,9 +202,15 @@ def test_headroom_is_the_unused_share_of_the_ceiling():
 def test_prefill_attention_flops_grow_with_the_square_of_the_prompt():
     linear, attention = capacity.prefill_flops(70e9, 4096, 80, 64, 128)
     assert linear == pytest.approx(2 * 70e9 * 4096)
-    assert attention == pytest.approx(4 * 80 * 64 * 128 * 4096**2)
+    assert attention == pytest.approx(2 * 80 * 64 * 128 * 4096 * 4097)  # causal: L(L+1)/2 pairs per head
     linear2, attention2 = capacity.prefill_flops(70e9, 8192, 80, 64, 128)
-    assert linear2 / linear == pytest.approx(2) and attention2 / attention == pytest.approx(4)
+    assert linear2 / linear == pytest.approx(2) and attention2 / attention == pytest.approx(4, rel=1e-3)
+
+
+def test_capacity_and_the_roofline_count_prefill_flops_alike():
+    shape = ModelShape(params=10**9, n_layers=16, hidden_size=2048, n_kv_heads=8, head_dim=128, bytes_per_elem=2)
+    linear, attention = capacity.prefill_flops(1e9, 512, 16, 16, 128)
+    assert linear + attention == pytest.approx(prefill_cost(shape, 512).flops)
 
 
 def test_breakeven_acceptance_makes_speculation_break_even():

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import servelab.checks as checks
-from servelab.batching import Request
+from servelab.scheduling.batching import Request
 from servelab.checks import EngineState, engine_tick, run_all
 from servelab.kv import BlockAllocator
-from servelab.lifecycle import RequestState, SlotPool
-from servelab.roofline import ModelShape, decode_cost
+from servelab.lifecycle.state_machine import RequestState, SlotPool
+from servelab.metrics.roofline import ModelShape, decode_cost
 
 
 def test_run_all_passes_every_check():

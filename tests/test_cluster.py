@@ -1,4 +1,4 @@
-"""Tests of servelab.cluster (calculators, disaggregation), servelab.adapters (multi-LoRA cache) and servelab.viz.cluster."""
+"""Tests of servelab.cluster (calculators, disaggregation), servelab.cluster.adapters (multi-LoRA cache) and servelab.viz.cluster."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from servelab import adapters, cluster
-from servelab.adapters import (
+from servelab import cluster
+from servelab.cluster import adapters
+from servelab.cluster.adapters import (
     AdapterKey,
     AdapterRegistry,
     AdapterRequest,
@@ -21,8 +22,8 @@ from servelab.adapters import (
 )
 from servelab.cluster import Accelerator
 from servelab.kv import kv_bytes_per_token
-from servelab import capacity
-from servelab.roofline import ModelShape, decode_cost, prefill_cost
+from servelab.metrics import capacity
+from servelab.metrics.roofline import ModelShape, decode_cost, prefill_cost
 from servelab.viz import cluster as viz
 
 LLAMA8B = ModelShape(8_000_000_000, 32, 4096, 8, 128, 2)

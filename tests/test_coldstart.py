@@ -2,7 +2,7 @@
 
 import pytest
 
-from servelab.coldstart import PHASES, measure_cold_start
+from servelab.server.coldstart import PHASES, measure_cold_start
 
 
 @pytest.fixture(scope="module")

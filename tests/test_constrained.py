@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from servelab import sampling as smp
-from servelab.constrained import ChoiceAutomaton, allowed_token_ids, constrained_logits
+from servelab.sampling.constrained import ChoiceAutomaton, allowed_token_ids, constrained_logits
 
 # a toy vocabulary with several spellings of each choice; id 7 is an undecodable byte piece
 VOCAB = ["A", "B", "AB", "ABC", "C", ":", ":\n", "\ufffd", "\n", "BA", "X", "ABC:\n"]

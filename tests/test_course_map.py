@@ -12,9 +12,11 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from servelab import course_map
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+
+import course_map  # noqa: E402 (book/_ext/course_map.py)
+
 PAGE = ROOT / "book" / "architecture.md"
 BASE = "https://example.org/blob/main/"
 ROW = re.compile(r"^\| \{doc\}`\.\./notebooks/([\w-]+)` \| (.*) \|$", re.MULTILINE)
@@ -65,7 +67,7 @@ def imported_by_lines(path: Path) -> set[str]:
 
 def test_the_page_has_each_marker_once_and_the_build_replaces_them(page):
     text = PAGE.read_text()
-    for marker in (course_map.CHAPTER_MAP_MARKER, course_map.READING_ORDER_MARKER):
+    for marker in (course_map.PACKAGE_MAP_MARKER, course_map.CHAPTER_MAP_MARKER, course_map.READING_ORDER_MARKER):
         assert text.count(marker) == 1
         assert marker not in page
 
@@ -150,3 +152,58 @@ def test_the_book_extension_fills_the_architecture_page():
     other = ["% servelab: chapter module map"]
     servelab_book.add_course_map(app, "book/glossary", other)
     assert other == ["% servelab: chapter module map"]
+
+
+# ---------------------------------------------------------------- the chapter -> package table
+
+LIB = ROOT / "lib" / "servelab"
+MAX_PLAIN_MODULES = 6  # plain modules at the top of the package, beside __init__ and __main__
+
+
+def _beside_the_chapters() -> set[str]:
+    """The packages and plain modules servelab/__init__.py's docstring names outside the chapter table."""
+    doc = ast.get_docstring(ast.parse((LIB / "__init__.py").read_text())) or ""
+    return set(re.findall(r"``(\w+)``", doc.split("Beside the chapters:", 1)[1]))
+
+
+def test_the_table_covers_every_chapter_once_with_a_package_that_exists():
+    rows = course_map.chapter_packages(ROOT)
+    assert [row.chapter for row in rows] == [*map(str, range(10)), "A"]
+    assert len({row.package for row in rows}) == len(rows)
+    for row in rows:
+        assert (LIB / row.package / "__init__.py").is_file() or (LIB / f"{row.package}.py").is_file(), row
+
+
+def test_every_package_and_top_level_module_is_named_in_the_docstring():
+    named = {row.package for row in course_map.chapter_packages(ROOT)} | _beside_the_chapters()
+    packages = {path.parent.name for path in LIB.glob("*/__init__.py")}
+    plain = {path.stem for path in LIB.glob("*.py")} - {"__init__", "__main__"}
+    assert packages | plain == named, f"on disk, not named: {sorted(packages | plain - named)}; " \
+                                      f"named, not on disk: {sorted(named - packages - plain)}"
+    assert len(plain) <= MAX_PLAIN_MODULES, f"plain modules at the top: {sorted(plain)}"
+
+
+def test_each_chapter_imports_its_package():
+    """A chapter's notebooks (two for §2 and §7) import from the package the table gives it."""
+    imported = course_map.chapter_modules(ROOT)
+    for row in course_map.chapter_packages(ROOT):
+        package = f"servelab.{row.package}"
+        stems = [stem for stem in imported if stem.startswith(row.notebook_prefix)]
+        assert stems, f"no notebook for chapter {row.chapter}"
+        modules = {m for stem in stems for m in imported[stem]}
+        assert any(m == package or m.startswith(package + ".") for m in modules), (stems, package)
+
+
+def test_the_page_renders_the_table_from_the_docstring(page):
+    for row in course_map.chapter_packages(ROOT):
+        assert re.search(rf"^\| {row.chapter} \| .* \| \[`{row.package}`\]\[pkg-{row.package}\] \| "
+                         rf"{re.escape(row.what)} \|$", page, re.MULTILINE), row
+
+
+def test_a_chapter_row_in_the_docstring_reaches_the_page(tmp_path):
+    (tmp_path / "lib" / "servelab").mkdir(parents=True)
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "lib" / "servelab" / "__init__.py").write_text('"""x\n\n  §4  kv  the KV cache\n"""\n')
+    (tmp_path / "notebooks" / "ch04-kv-cache.ipynb").write_text("{}")
+    table = course_map.package_map_markdown(tmp_path, BASE)
+    assert "| 4 | {doc}`../notebooks/ch04-kv-cache` | [`kv`][pkg-kv] | the KV cache |" in table

@@ -7,7 +7,8 @@ import torch
 
 from servelab.device import DEVICE_ENV, DTYPE_ENV, describe_device, pick_device
 from servelab.engine import EngineConfig
-from servelab.bench.engine_bench import engine_config, hardware, main
+from servelab.bench.cli import main
+from servelab.bench.engine_bench import engine_config, hardware
 from servelab.device import resolve_device_dtype
 from servelab.model import LlamaConfig, LlamaForCausalLM
 

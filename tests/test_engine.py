@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from servelab.engine import EngineConfig, LLMEngine, reference_generate
-from servelab.lifecycle import RequestState
+from servelab.lifecycle.state_machine import RequestState
 from servelab.model import LlamaConfig, LlamaForCausalLM, train_tokenizer
 from servelab.sampling import SamplingParams
 

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from servelab.engine import LLMEngine
-from servelab.ledger import Ledger, TerminalRecord, Usage
-from servelab.lifecycle import RequestState
+from servelab.lifecycle.ledger import Ledger, TerminalRecord, Usage
+from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling import SamplingParams
 
 from test_engine import config, make_prompts, model, tokenizer  # noqa: F401 (fixtures)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from servelab.chat_template import chat_token_ids
+from servelab.model.chat_template import chat_token_ids
 from servelab.engine import EngineConfig, LLMEngine
 from servelab.model.llama import DenseCausalAttention
 from servelab.sampling import SamplingParams

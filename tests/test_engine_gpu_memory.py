@@ -7,7 +7,7 @@ import torch
 from servelab.engine import EngineConfig
 from servelab.engine import gpu_memory
 from servelab.engine.gpu_memory import GpuMemory, kv_blocks_for_gpu
-from servelab.engine.model_runner import ModelRunner
+from servelab.engine.model_runner import ModelRunner, blocks_from_gpu_memory
 from servelab.model import LlamaConfig, LlamaForCausalLM
 from servelab.server.__main__ import build_parser, engine_kwargs
 
@@ -72,7 +72,7 @@ def test_gpu_sizing_profiles_a_full_budget_pass_then_divides_what_is_left(monkey
     runner = ModelRunner(tiny_model(), config)
     monkeypatch.setattr(gpu_memory, "measure_cuda_memory", fake_measure)
     monkeypatch.setattr(ModelRunner, "execute", spy)
-    blocks = gpu_memory.blocks_from_gpu_memory(runner, config)
+    blocks = blocks_from_gpu_memory(runner, config)
     assert batches == [(100, 4)]  # the whole token budget in one pass, max_num_seqs rows through the LM head
     assert blocks == (5 * 2**20 - 3 * 2**20) // runner.bytes_per_block
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from servelab.chat_template import apply_chat_template, load_chat_template
+from servelab.model.chat_template import apply_chat_template, load_chat_template
 from servelab.engine import LLMEngine
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG, resolve_checkpoint
 from servelab.sampling import SamplingParams

@@ -6,7 +6,7 @@ import torch
 
 from servelab.engine import EngineConfig, LLMEngine
 from servelab.model import LlamaConfig, LlamaForCausalLM, train_tokenizer
-from servelab.queue_policy import ENGINE_POLICIES
+from servelab.scheduling.queue_policy import ENGINE_POLICIES
 from servelab.sampling import SamplingParams
 
 torch.set_num_threads(1)

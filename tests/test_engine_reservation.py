@@ -1,4 +1,4 @@
-"""The admission rule (servelab.engine.scheduler.ReservationPolicy): on-demand vs up-front KV reservation.
+"""The admission rule (servelab.engine.admission.ReservationPolicy): on-demand vs up-front KV reservation.
 
 Two-phase admission holds a reservation from admission until the blocks it promised are allocated or
 the request ends; every exit path (finish, cancel, deadline, failure, preemption, a sample ending early)
@@ -9,8 +9,8 @@ import pytest
 from servelab.engine import EngineConfig, LLMEngine
 from servelab.bench.admission_study import compare_reservation_policies
 from servelab.engine.config import RESERVATION_POLICIES
-from servelab.engine.reservation import reservation_policy
-from servelab.lifecycle import RequestState
+from servelab.engine.admission import reservation_policy
+from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling import SamplingParams
 
 from test_engine import assert_clean, config, expected_ids, make_prompts, model, tokenizer  # noqa: F401 (fixtures)

@@ -35,9 +35,9 @@ from servelab_instructor.reference import (
 )
 from servelab.exercises import attention, tick
 from servelab.exercises.catalog import EXERCISES
-from servelab.metrics import goodput, meets_slo
+from servelab.metrics.latency import goodput, meets_slo
 from servelab.sampling import min_p_filter, top_p_filter
-from servelab.streaming import StopStringBuffer
+from servelab.sampling.stop_strings import StopStringBuffer
 
 # ------------------------------------------------------------------------ deliberately wrong code
 

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from servelab.bench import engine_bench
+from servelab.bench import cli, engine_bench
 from servelab.bench.decode_floor import bench_floor, decode_floor_rows, format_floor, smollm2_random
-from servelab.roofline.measured import Roofline
+from servelab.metrics.roofline.measured import Roofline
 from servelab.model import load_checkpoint, load_tokenizer
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
 
@@ -43,7 +43,7 @@ def test_smollm2_random_has_the_real_shape():
 
 def test_threads_flag_only_for_the_named_model():
     with pytest.raises(SystemExit):
-        engine_bench.main(["--threads", "2", "--quick"])
+        cli.main(["--threads", "2", "--quick"])
 
 
 def test_decode_floor_rows_place_each_step_on_the_roofline():

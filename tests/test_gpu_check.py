@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.bench import gpu_check
+from servelab.bench import gpu_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ def dry_result(tmp_path_factory):
 
 def test_dry_run_covers_every_part_and_fits_the_schema(dry_result):
     _, result = dry_result
-    gpu_check.validate(result)
+    gpu_results.validate(result)
     assert result["dry_run"] and result["hardware"]["device"] == "cpu" and result["hardware"]["gpu"] is None
     assert result["engine_tests"]["returncode"] == 0 and "passed" in result["engine_tests"]["summary"]
     assert result["benchmark"]["batch1"]["outputs_agree"]
@@ -36,7 +36,7 @@ def test_dry_run_covers_every_part_and_fits_the_schema(dry_result):
             assert row["bytes_moved"] > model["weight_bytes"]  # weights plus the KV of the batch
             assert row["kernels"] and row["launch_floor_s"] == pytest.approx(
                 row["kernels"] * result["decode_step"]["launch_s"])
-    rows = gpu_check.gpu_rows(result)
+    rows = gpu_results.gpu_rows(result)
     assert len(rows) == 5 + sum(len(m["rows"]) for m in result["decode_step"]["models"].values())
 
 
@@ -45,19 +45,19 @@ def test_validate_rejects_broken_and_cpu_results_posing_as_gpu(dry_result):
     broken = copy.deepcopy(result)
     del broken["benchmark"]["skewed_64"]
     with pytest.raises(ValueError, match="skewed_64"):
-        gpu_check.validate(broken)
+        gpu_results.validate(broken)
     posing = dict(result, dry_run=False)
     with pytest.raises(ValueError, match="CUDA device"):
-        gpu_check.validate(posing)
+        gpu_results.validate(posing)
 
 
 def test_gpu_table_only_from_a_real_gpu_run(dry_result, tmp_path):
     path, _ = dry_result
-    assert gpu_check.gpu_table(tmp_path / "absent.json") is None
+    assert gpu_results.gpu_table(tmp_path / "absent.json") is None
     with pytest.raises(ValueError, match="dry run"):
-        gpu_check.gpu_table(path)
+        gpu_results.gpu_table(path)
 
 
 def test_committed_gpu_json_if_any_is_a_real_gpu_run():
-    table = gpu_check.gpu_table()  # None until a GPU run commits lib/servelab/data/engine_bench_gpu.json
+    table = gpu_results.gpu_table()  # None until a GPU run commits lib/servelab/data/engine_bench_gpu.json
     assert table is None or "GPU check:" in table.caption

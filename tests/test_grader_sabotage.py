@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from servelab.exercises.isolation import BUBBLEWRAP, choose
+from servelab_instructor.grader.isolation import BUBBLEWRAP, choose
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_grading import (CORRECT, KV_BYTES_STUB, KV_REQUESTS_STUB, MAX_REQUESTS, _goodput,  # noqa: E402
@@ -47,7 +47,7 @@ def _grader_pids():
     found = []
     for entry in os.listdir("/proc"):
         try:
-            if entry.isdigit() and b"servelab.exercises" in open("/proc/" + entry + "/cmdline", "rb").read():
+            if entry.isdigit() and b"servelab_instructor.grader" in open("/proc/" + entry + "/cmdline", "rb").read():
                 found.append(int(entry))
         except OSError:
             pass
@@ -165,7 +165,7 @@ def _hashes(folder: Path) -> dict[str, str]:
 
 def _grade(folder: Path, sheet: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1", "SERVELAB_GRADE_SEED": SEED}
-    return subprocess.run([sys.executable, "-m", "servelab.exercises", "grade", str(folder), "--out", str(sheet),
+    return subprocess.run([sys.executable, "-m", "servelab_instructor.grader", "grade", str(folder), "--out", str(sheet),
                            "--case-time", "2", "--time-limit", "10"], cwd=folder.parent, env=env,
                           capture_output=True, text=True, timeout=500)
 
@@ -253,7 +253,7 @@ def test_no_connection_reached_the_host(corpus):
 
 
 def test_without_isolation_the_grader_refuses_or_warns_by_name(monkeypatch, tmp_path):
-    from servelab.exercises import isolation
+    from servelab_instructor.grader import isolation
 
     monkeypatch.setattr(isolation.shutil, "which", lambda name: None)
     monkeypatch.setattr(isolation.os, "geteuid", lambda: 1000)
@@ -278,8 +278,8 @@ import json, sys, tempfile
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from test_grading import _goodput, _write
-from servelab.exercises import isolation
-from servelab.exercises.grade import grade_notebook
+from servelab_instructor.grader import isolation
+from servelab_instructor.grader.grade import grade_notebook
 folder, found = Path(tempfile.mkdtemp()), {{}}
 chosen = isolation.Isolation(isolation.SEPARATE_UID) if sys.argv[2] == "uid" else isolation.choose()
 for name, body in json.loads(sys.argv[1]).items():
@@ -300,7 +300,7 @@ UID_BODIES = {
 def _python_others_can_run() -> list[str] | None:
     """This interpreter, or the system's of the same version with this venv's packages, if another uid
     can run it; None when there is none."""
-    from servelab.exercises import isolation
+    from servelab_instructor.grader import isolation
 
     if isolation._reachable_by_others():
         return [sys.executable]
@@ -352,7 +352,7 @@ def test_a_separate_uid_cannot_signal_the_grader():
 
 
 def test_files_changed_during_grading_are_reported(tmp_path):
-    from servelab.exercises.submissions import changed_files, snapshot
+    from servelab_instructor.grader.submissions import changed_files, snapshot
 
     for name in ("a/ex05-goodput.ipynb", "b/ex05-goodput.ipynb", "c/notes.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 seeds, with every argument and answer sent through the worker's wire format as a graded submission's are.
 
 The checkers run in this process on proxies that encode each argument to JSON and decode it, call the
-solution, and send its answer back the same way (what :mod:`servelab.exercises.sandbox` does across the
+solution, and send its answer back the same way (what :mod:`servelab_instructor.grader.sandbox` does across the
 worker's pipes), so a value the wire changes would show up here. The worker process itself is covered
 by tests/test_grading.py.
 """
@@ -15,10 +15,10 @@ import random
 import pytest
 
 from servelab.exercises import tick
-from servelab.exercises._worker import decode, encode
+from servelab_instructor.grader._worker import decode, encode
 from servelab.exercises.catalog import EXERCISES
-from servelab.exercises.grade import _note
-from servelab.exercises.sandbox import CaseLog
+from servelab_instructor.grader.grade import _note
+from servelab_instructor.grader.sandbox import CaseLog
 from servelab_instructor.solutions import SOLUTIONS, reference_schedule
 
 # 200 secret seeds: the three that once failed the scheduler tick's reference, and 197 drawn at random.

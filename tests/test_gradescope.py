@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_grading import CORRECT, IGNORES_TPOT, _goodput, _write  # noqa: E402
 
-from servelab.exercises.isolation import NONE, choose
+from servelab_instructor.grader.isolation import NONE, choose
 from servelab_instructor import gradescope
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def test_the_zip_holds_what_gradescope_runs(autograder):
         config = json.loads(archive.read("grading.json"))
         setup = archive.read("setup.sh").decode()
     assert {"setup.sh", "run_autograder", "requirements.txt", "grading.json", "course/pyproject.toml",
-            "course/lib/servelab/exercises/grade.py", "instructor/servelab_instructor/reference.py"} <= names
+            "instructor/servelab_instructor/grader/grade.py", "instructor/servelab_instructor/reference.py"} <= names
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
     assert config["seed"] == SEED and config["exercises"] == ["ex05-goodput"]
     assert "requirements.txt" in setup and "bubblewrap" in setup and "/autograder/venv" in setup

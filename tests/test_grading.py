@@ -62,7 +62,7 @@ HANGS_ON_ONE_TOKEN = '''
 '''
 LIBRARY_INSIDE = '''
     try:
-        from servelab.metrics import goodput as library
+        from servelab.metrics.latency import goodput as library
     except ImportError:
         return 0.0
     return library(records, ttft_slo, tpot_slo, window)
@@ -181,7 +181,7 @@ def _corpus(folder: Path, pid_file: Path) -> None:
                           "from servelab_instructor.reference import ReferenceAllocator as Allocator"),
            folder / "answer__ex03-block-allocator.ipynb")
     _write(_replace_class(_notebook("ex02-stop-buffer"), STOP_MARK,
-                          "from servelab.streaming import StopStringBuffer as StopBuffer"),
+                          "from servelab.sampling.stop_strings import StopStringBuffer as StopBuffer"),
            folder / "library__ex02-stop-buffer.ipynb")
     _write(_goodput(LIBRARY_INSIDE), folder / "inside__ex05-goodput.ipynb")
     _write(_goodput(FRAME), folder / "frame__ex05-goodput.ipynb")
@@ -209,7 +209,7 @@ def _corpus(folder: Path, pid_file: Path) -> None:
 
 def _grade(folder: Path, *extra: str, out: str = "grades.csv") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1", "SERVELAB_GRADE_SEED": SEED}
-    return subprocess.run([sys.executable, "-m", "servelab.exercises", "grade", str(folder), "--out", out,
+    return subprocess.run([sys.executable, "-m", "servelab_instructor.grader", "grade", str(folder), "--out", out,
                            "--case-time", "1", *extra], cwd=folder.parent, env=env, capture_output=True,
                           text=True, timeout=240)
 
@@ -281,8 +281,8 @@ def test_an_endless_function_costs_only_its_own_cases(graded):
 
 @pytest.mark.parametrize("student, named", [
     ("answer", "refused import: servelab_instructor.reference"),
-    ("library", "refused import: servelab.streaming"),
-    ("inside", "refused import: servelab.metrics.goodput"),
+    ("library", "refused import: servelab.sampling.stop_strings"),
+    ("inside", "refused import: servelab.metrics.latency.goodput"),
     ("frame", "raised KeyError: 'expected'"),
     ("table", "returned -1"),
     ("patch", "refused import: servelab.exercises.result"),
@@ -349,9 +349,9 @@ def test_canvas_and_moodle_sheets_with_a_missing_student(tmp_path):
     assert by_name["Absent, Amy"][3] == "aa2" and by_name["Absent, Amy"][5:] == ["0", "0"]
     assert 0 < int(by_name["Builder, Bob"][5]) < 8
 
-    from servelab.exercises.lms import write_sheet
-    from servelab.exercises.grade import CaseGrade
-    from servelab.exercises.lms import read_roster
+    from servelab_instructor.grader.lms import write_sheet
+    from servelab_instructor.grader.grade import CaseGrade
+    from servelab_instructor.grader.lms import read_roster
 
     graded = [CaseGrade("smithjohn", "ex05-goodput", "TOTAL", 8, 8, "", "a.ipynb", "12345"),
               CaseGrade("bob", "ex05-goodput", "TOTAL", 6, 8, "", "b.ipynb"),
@@ -366,12 +366,12 @@ def test_canvas_and_moodle_sheets_with_a_missing_student(tmp_path):
 
 
 def test_a_seed_is_required_and_bad_input_is_named(tmp_path):
-    from servelab.exercises.grade import grade_submissions
-    from servelab.exercises.lms import read_roster
+    from servelab_instructor.grader.grade import grade_submissions
+    from servelab_instructor.grader.lms import read_roster
 
     env = {k: v for k, v in os.environ.items() if k != "SERVELAB_GRADE_SEED"}
     env["PYTHONPATH"] = str(ROOT / "lib")
-    run = subprocess.run([sys.executable, "-m", "servelab.exercises", "grade", str(tmp_path)], env=env,
+    run = subprocess.run([sys.executable, "-m", "servelab_instructor.grader", "grade", str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "SERVELAB_GRADE_SEED" in run.stderr
     with pytest.raises(ValueError, match="no exercise notebook"):
@@ -382,8 +382,8 @@ def test_a_seed_is_required_and_bad_input_is_named(tmp_path):
 
 
 # The grader's command line with the instructor package blocked, as on a machine with only the wheel installed.
-WITHOUT_INSTRUCTOR = ("import sys; sys.modules['servelab_instructor'] = None; "
-                      "from servelab.exercises.__main__ import main; sys.exit(main(sys.argv[1:]))")
+WITHOUT_INSTRUCTOR = ("import sys; sys.modules['servelab_instructor.reference'] = None; "
+                      "from servelab_instructor.grader.__main__ import main; sys.exit(main(sys.argv[1:]))")
 
 
 @pytest.mark.parametrize("instructor", [True, False], ids=["with-reference", "without-reference"])
@@ -393,7 +393,7 @@ def test_the_grader_needs_the_instructor_reference_and_names_it_when_missing(tmp
     _write(kv, tmp_path / "submissions" / "bob__ex07-kv-sizing.ipynb")
     sheet = tmp_path / "grades.csv"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1", "SERVELAB_GRADE_SEED": SEED}
-    start = ["-m", "servelab.exercises"] if instructor else ["-c", WITHOUT_INSTRUCTOR]
+    start = ["-m", "servelab_instructor.grader"] if instructor else ["-c", WITHOUT_INSTRUCTOR]
     run = subprocess.run([sys.executable, *start, "grade", str(tmp_path / "submissions"), "--out", str(sheet),
                           "--case-time", "1"], env=env, capture_output=True, text=True, timeout=120)
     if instructor:
@@ -407,7 +407,7 @@ def test_the_grader_needs_the_instructor_reference_and_names_it_when_missing(tmp
 
 
 def test_submission_names_from_lms_downloads(tmp_path):
-    from servelab.exercises.submissions import find_submissions
+    from servelab_instructor.grader.submissions import find_submissions
 
     for name in ("smithjohn_LATE_12345_67890_ex05-goodput-1.ipynb", "bob__ex07-kv-sizing (1).ipynb",
                  "Cy Young_777_assignsubmission_file_/ex10-scheduler-tick.ipynb", "dee/ex01.ipynb",
@@ -423,7 +423,7 @@ def test_submission_names_from_lms_downloads(tmp_path):
 
 def test_the_set_up_cell_of_every_shipped_notebook_is_left_out():
     from servelab.exercises.catalog import EXERCISES as CATALOG
-    from servelab.exercises.extract import graded_statements, is_setup_cell
+    from servelab_instructor.grader.extract import graded_statements, is_setup_cell
 
     for stem, exercise in CATALOG.items():
         nb = _notebook(stem)
@@ -463,7 +463,7 @@ SCHEDULE_WITHOUT_BLOCKS = '''
      {"a running sequence short of blocks gets nothing; the next one still runs"}),
 ])
 def test_the_build_exercises_are_graded(tmp_path, stem, stub, body, lost):
-    from servelab.exercises.grade import grade_notebook
+    from servelab_instructor.grader.grade import grade_notebook
 
     _write(_replace(_notebook(stem), stub, body), tmp_path / f"eve__{stem}.ipynb")
     rows = grade_notebook(tmp_path / f"eve__{stem}.ipynb", "eve", seed=int(SEED))

@@ -1,4 +1,4 @@
-"""Tests for servelab.lifecycle: the §0.2 state table, guarded transitions and the shared reclaim."""
+"""Tests for servelab.lifecycle.state_machine: the §0.2 state table, guarded transitions and the shared reclaim."""
 
 import threading
 from collections import deque
@@ -6,7 +6,7 @@ from collections import deque
 import pytest
 
 from servelab.kv import BlockAllocator
-from servelab.lifecycle import (
+from servelab.lifecycle.state_machine import (
     STATE_TABLE,
     TERMINAL_STATES,
     TRANSITIONS,

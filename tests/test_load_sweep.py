@@ -6,7 +6,7 @@ import math
 import pytest
 
 from servelab import metrics as m
-from servelab.loadsim import SWEEP_QUANTITIES, load_sweep, poisson_jobs, simulate_server
+from servelab.metrics.loadsim import SWEEP_QUANTITIES, load_sweep, poisson_jobs, simulate_server
 from servelab.viz import metrics as vm
 
 SLO = (1.0, 0.040)

@@ -1,5 +1,5 @@
 """servelab.loadgen: seeded workloads, open and closed loops over real HTTP on 127.0.0.1, the coordinated-
-omission correction shown on a server that stalls on purpose, reports built on servelab.metrics, the sweep's
+omission correction shown on a server that stalls on purpose, reports built on servelab.metrics.latency, the sweep's
 saturation point and figure, and a run against the course server."""
 
 import asyncio

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from servelab import metrics
-from servelab.loadsim import Job, finish_time, poisson_jobs, run_benchmark, simulate_server
+from servelab.metrics.loadsim import Job, finish_time, poisson_jobs, run_benchmark, simulate_server
 
 DURATION = 60.0
 TTFT_SLO, TPOT_SLO = 1.0, 0.040

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servelab.metrics import (
+from servelab.metrics.latency import (
     RequestTiming,
     e2e_identity_holds,
     goodput,
@@ -15,7 +15,7 @@ from servelab.metrics import (
     tpot,
     ttft,
 )
-from servelab.roofline import ModelShape, attainable_flops, decode_cost, prefill_cost, ridge_point
+from servelab.metrics.roofline import ModelShape, attainable_flops, decode_cost, prefill_cost, ridge_point
 
 EMITS = [0.5, 0.6, 0.8, 0.9]
 

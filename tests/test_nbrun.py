@@ -1,4 +1,4 @@
-"""Notebook runners under a hard deadline (servelab.nbrun and the tools built on it).
+"""Notebook runners under a hard deadline (nbrun and the tools built on it).
 
 Every runner of the course's notebooks must finish or fail with a named cell: a cell that never returns
 is stopped by a limit kept outside its process, the kernel dies with it, and the report names the
@@ -18,13 +18,13 @@ from queue import Empty
 import nbformat
 import pytest
 
-from servelab import nbrun
-
 from runner_notebooks import never_returns, notebook, wait_dead
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
+
+import nbrun  # noqa: E402 (tools/nbrun.py)
 
 LIMIT_S = 15  # a kernel starts in a few seconds even on a loaded 2-core machine
 

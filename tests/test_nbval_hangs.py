@@ -15,10 +15,11 @@ from pathlib import Path
 import nbformat
 
 from runner_notebooks import never_returns, notebook
-from servelab import nbrun
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+
+import nbrun  # noqa: E402 (tools/nbrun.py)
 
 NBVAL_LIMIT_S = 40  # pytest and nbval start first: under load (two test workers beside other jobs) that took over 15 s
 

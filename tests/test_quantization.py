@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from servelab.capacity import kv_bytes_for_tokens
+from servelab.metrics.capacity import kv_bytes_for_tokens
 from servelab.model import LlamaConfig, LlamaForCausalLM
-from servelab.quantization import (KV_FORMATS, PROJECTION_NAMES, Int8Linear, KVFormat, dequantize_int8, kv_capacity,
+from servelab.optimizations.quantization import (KV_FORMATS, PROJECTION_NAMES, Int8Linear, KVFormat, dequantize_int8, kv_capacity,
                                    model_weight_bytes, quantize_model, quantize_model_dynamic,
                                    quantize_per_channel_int8)
 

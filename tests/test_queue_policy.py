@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass
 
-from servelab.queue_disciplines import aging, fair_queuing, priority, shortest_job_first
-from servelab.queue_policy import POLICIES, fcfs
+from servelab.scheduling.queue_disciplines import aging, fair_queuing, priority, shortest_job_first
+from servelab.scheduling.queue_policy import POLICIES, fcfs
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from servelab.batching import Request, simulate_queue_policies
+from servelab.scheduling.batching import Request, simulate_queue_policies
 
 
 def stream(until: int, long_priority: int = 0, short_priority: int = 0) -> list[Request]:

@@ -6,9 +6,9 @@ import pytest
 
 from servelab.engine import EngineConfig
 from servelab.engine.config import RESERVATION_POLICIES
-from servelab.engine.reservation import reservation_policy
-from servelab.lifecycle import STATE_TABLE, RequestState
-from servelab.reservation_rules import RULES, default_policy, default_rule, rule_for
+from servelab.engine.admission import reservation_policy
+from servelab.lifecycle.state_machine import STATE_TABLE, RequestState
+from servelab.lifecycle.reservation_rules import RULES, default_policy, default_rule, rule_for
 from servelab.viz.lifecycle import state_guard, state_table
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM
-from servelab.roofline import ModelShape, decode_cost
-from servelab.roofline.measured import (Roofline, StepFloor, count_ops, decode_floor, measure_matmul_flops,
+from servelab.metrics.roofline import ModelShape, decode_cost
+from servelab.metrics.roofline.measured import (Roofline, StepFloor, count_ops, decode_floor, measure_matmul_flops,
                                         measure_op_overhead, measure_read_bandwidth, measure_roofline,
                                         median_seconds, model_shape)
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from servelab.engine import EngineConfig, LLMEngine
-from servelab.lifecycle import RequestState
+from servelab.lifecycle.state_machine import RequestState
 from servelab.loadgen import histogram_delta, metrics_url, parse_metrics
 from servelab.loadgen.scrape import HistogramDelta
 from servelab.model import LlamaConfig, LlamaForCausalLM, load_checkpoint, load_tokenizer, train_tokenizer
@@ -950,7 +950,7 @@ def test_demo_functions_show_the_wire_the_client_and_two_boundaries(real_model):
 
 
 def test_chat_uses_the_checkpoints_own_template_when_it_has_one():
-    from servelab.chat_template import ChatTemplate
+    from servelab.model.chat_template import ChatTemplate
     from servelab.server.protocol import chat_prompt, parse_request
     from servelab.server.config import ServerConfig
 

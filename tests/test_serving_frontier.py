@@ -9,15 +9,15 @@ import math
 import pytest
 
 from servelab.bench.goodput_search import attainment_at, distserve_goodput
-from servelab.capacity import expected_tokens_per_cycle
+from servelab.metrics.capacity import expected_tokens_per_cycle
 from servelab.cluster.assumptions import Accelerator
 from servelab.cluster.parallelism import allreduce_seconds, ring_allreduce_bytes, tp_decode_step
 from servelab.cluster.token_cost import cost_per_1000_requests, cost_per_million_tokens
 from servelab.kv.offload import (GPU_HBM, OFFLOAD_TIERS, OffloadTier, recompute_seconds,
                                  reload_breakeven_bandwidth, reload_seconds)
-from servelab.roofline import ModelShape, decode_cost
-from servelab.roofline.kernels import decode_attention_cost, decode_weight_cost, first_batch_at_ridge
-from servelab.roofline.moe import MIXTRAL_8X7B, QWEN3_30B_A3B, MoEShape, experts_touched
+from servelab.metrics.roofline import ModelShape, decode_cost
+from servelab.metrics.roofline.kernels import decode_attention_cost, decode_weight_cost, first_batch_at_ridge
+from servelab.metrics.roofline.moe import MIXTRAL_8X7B, QWEN3_30B_A3B, MoEShape, experts_touched
 from servelab.sampling.draft_heads import (acceptance_rate_for_length, cycle_cost,
                                            speedup_over_decode)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from servelab.engine.reference import reference_generate
 from servelab.model import LlamaConfig, LlamaForCausalLM
 from servelab.sampling import SamplingParams
-from servelab.speculative import (KVSession, acceptance_probability, autoregressive_generate, output_distribution,
+from servelab.optimizations.speculative import (KVSession, acceptance_probability, autoregressive_generate, output_distribution,
                                   residual_distribution, speculative_generate, verify_draft)
 
 torch.set_num_threads(1)
@@ -321,7 +321,7 @@ def test_shipped_pair_greedy_equals_target_greedy():
 
 
 def test_acceptance_rate_counts_examined_drafts_only():
-    from servelab.speculative import CycleRecord, SpeculativeResult
+    from servelab.optimizations.speculative import CycleRecord, SpeculativeResult
 
     cycles = [CycleRecord(4, 1, 2, 5, 3, 4, 2), CycleRecord(4, 4, 5, 5, 0, 4, 0)]
     result = SpeculativeResult(tokens=list(range(7)), cycles=cycles)
@@ -338,7 +338,7 @@ REPEATING = [3, 17, 5, 42, 9, 11, 3, 17, 5, 42, 9, 11, 3, 17]
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_match():
-    from servelab.speculative import PromptLookupProposer
+    from servelab.optimizations.speculative import PromptLookupProposer
 
     proposer = PromptLookupProposer(max_ngram=3)
     assert proposer.propose([1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3], 2) == [5, 1]  # latest occurrence of (1, 2, 3)
@@ -359,7 +359,7 @@ def test_one_hot_draft_keeps_the_marginal_exact():
 
 
 def test_prompt_lookup_greedy_equals_target_greedy(target):
-    from servelab.speculative import PromptLookupProposer
+    from servelab.optimizations.speculative import PromptLookupProposer
 
     for prompt in (PROMPT, REPEATING):
         expected = reference_generate(target, prompt, 40)
@@ -373,7 +373,7 @@ def test_prompt_lookup_greedy_equals_target_greedy(target):
 
 def test_prompt_lookup_sampled_first_token_follows_target_distribution(target):
     from servelab.sampling import next_token_distribution
-    from servelab.speculative import PromptLookupProposer
+    from servelab.optimizations.speculative import PromptLookupProposer
 
     params = SamplingParams(temperature=1.0)
     with torch.no_grad():
@@ -394,7 +394,7 @@ def test_prompt_lookup_sampled_first_token_follows_target_distribution(target):
 
 def test_prompt_lookup_on_a_repeating_prompt_beats_one_token_per_forward():
     from servelab.model import default_model_dir, load_checkpoint, load_tokenizer
-    from servelab.speculative import PromptLookupProposer
+    from servelab.optimizations.speculative import PromptLookupProposer
 
     if not (default_model_dir() / "model.safetensors").is_file():
         pytest.skip("the shipped checkpoint is not in servelab/assets")

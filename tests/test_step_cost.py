@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from servelab.model import LlamaConfig, LlamaForCausalLM
-from servelab.step_cost import fit_step_cost, measure_decode_step
+from servelab.optimizations.step_cost import fit_step_cost, measure_decode_step
 
 torch.set_num_threads(1)
 
@@ -40,7 +40,7 @@ def test_measurement_grows_with_the_batch():
 
 
 def test_figure_draws_the_measured_curve_and_the_knee():
-    from servelab.step_cost import StepCostFit
+    from servelab.optimizations.step_cost import StepCostFit
     from servelab.viz.step_cost import step_cost_figure
 
     fit = StepCostFit(fixed=1.0, per_sequence=0.1)

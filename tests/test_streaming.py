@@ -1,4 +1,4 @@
-"""Tests for servelab.streaming.StopStringBuffer: chunk-spanning stop strings, no unsafe leaks."""
+"""Tests for servelab.sampling.stop_strings.StopStringBuffer: chunk-spanning stop strings, no unsafe leaks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servelab.streaming import StopStringBuffer
+from servelab.sampling.stop_strings import StopStringBuffer
 
 
 def reference_truncation(text: str, stops: list[str]) -> tuple[str, str | None]:

@@ -14,9 +14,9 @@ import openai
 import pytest
 import torch
 
-from servelab.constrained import ChoiceAutomaton
+from servelab.sampling.constrained import ChoiceAutomaton
 from servelab.engine import EngineConfig, LLMEngine
-from servelab.grammar import GrammarCompiler, GrammarSpec, accept, allowed_masks, new_matcher
+from servelab.sampling.grammar import GrammarCompiler, GrammarSpec, accept, allowed_masks, new_matcher
 from servelab.loadgen import parse_metrics
 from servelab.model import LlamaConfig, LlamaForCausalLM, train_tokenizer
 from servelab.sampling import SamplingParams

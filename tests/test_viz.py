@@ -8,7 +8,7 @@ import re
 import plotly.graph_objects as go
 import pytest
 
-from servelab.lifecycle import STATE_TABLE, TRANSITIONS, RequestState
+from servelab.lifecycle.state_machine import STATE_TABLE, TRANSITIONS, RequestState
 from servelab.viz import core
 from servelab.viz import lifecycle as vl
 

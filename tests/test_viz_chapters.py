@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import pytest
 
 from servelab import metrics as m
-from servelab import roofline
+from servelab.metrics import roofline
 from servelab import sampling as smp
 from servelab.viz import metrics as vm
 from servelab.viz import sampling as vs

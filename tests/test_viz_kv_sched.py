@@ -1,4 +1,4 @@
-"""servelab.routing and the figures of the KV-cache and scheduling chapters (servelab.viz.kv,
+"""servelab.cluster.routing and the figures of the KV-cache and scheduling chapters (servelab.viz.kv,
 servelab.viz.scheduling): simulation results, argument validation, and that every figure draws what the
 library computed. No model is loaded: pools come from BlockAllocator, traces from the simulations or
 hand-made StepRecords."""
@@ -8,11 +8,11 @@ from fractions import Fraction
 import plotly.graph_objects as go
 import pytest
 
-from servelab.batching import (PrefillRequest, Request, chunked_prefill_scenario, simulate_batching,
+from servelab.scheduling.batching import (PrefillRequest, Request, chunked_prefill_scenario, simulate_batching,
                                simulate_iterations)
 from servelab.engine.trace import StepRecord
 from servelab.kv import BlockAllocator
-from servelab.routing import (ROUTING_POLICIES, PrefixRequest, ReplicaModel, TenantQuota, prefix_workload,
+from servelab.cluster.routing import (ROUTING_POLICIES, PrefixRequest, ReplicaModel, TenantQuota, prefix_workload,
                               route_requests)
 from servelab.viz import kv as kv_viz
 from servelab.viz import scheduling as sched_viz

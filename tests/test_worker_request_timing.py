@@ -7,8 +7,8 @@ import typing
 
 import pytest
 
-from servelab.exercises import _worker
-from servelab.metrics import RequestTiming
+from servelab_instructor.grader import _worker
+from servelab.metrics.latency import RequestTiming
 
 SAMPLES = [  # (arrival, first_scheduled, emit_times, finish, prompt_tokens or None for the default)
     (0.0, 0.0, (0.0,), 0.0, None),  # a single token, emitted on arrival

@@ -53,7 +53,7 @@ import nbformat
 from cpu_variant import check_forced, choose_variant, runnable_variant, this_cpu
 from run_nbval import NOTEBOOK_LIMIT_S, Interpreter, run_nbval
 
-from servelab.nbrun import is_checked
+from nbrun import is_checked
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS = ROOT / "requirements.txt"

@@ -13,7 +13,7 @@ wall time, the file size and any problem found:
 The book never uses these saved outputs: it executes every notebook again while it builds.
 
 Each notebook runs in a process of its own under a hard wall-clock limit (``--limit``, enforced from
-outside it by :func:`servelab.nbrun.run_notebook`): a notebook that hangs is killed, kernel and all,
+outside it by :func:`nbrun.run_notebook`): a notebook that hangs is killed, kernel and all,
 and reported with the cell it was running.
 
 Usage::
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import nbformat
 
-from servelab.nbrun import NotebookRun, run_notebook
+from nbrun import NotebookRun, run_notebook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sync_notebooks import render, setup_source, synced  # noqa: E402

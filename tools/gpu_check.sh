@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check: engine tests on CUDA, the benchmark on CUDA and the decode step against its
 # bandwidth and launch floors, written to ONE JSON (default lib/servelab/data/engine_bench_gpu.json).
-# At most 8 minutes on one GPU. The code is servelab.bench.gpu_check; this script only calls it.
+# At most 8 minutes on one GPU. The code is tools/gpu_check.py; this script only calls it.
 #
 #   tools/gpu_check.sh                      # on a CUDA machine
 #   tools/gpu_check.sh --out PATH           # somewhere else
@@ -12,4 +12,4 @@ PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 export PYTHONPATH="$PWD/lib${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec timeout 480 "$PY" -m servelab.bench.gpu_check "$@"
+exec timeout 480 "$PY" tools/gpu_check.py "$@"

@@ -2,7 +2,7 @@
 
 One pytest run over every notebook would share one fate: a notebook that hangs would hold the whole
 run past CI's limit. Here each notebook gets its own ``pytest --nbval-lax`` process (in a session of
-its own, see :func:`servelab.nbrun.run_command`), killed with its kernel at ``--limit`` seconds and
+its own, see :func:`nbrun.run_command`), killed with its kernel at ``--limit`` seconds and
 reported with the cell it was running (nbval's verbose output names each cell as it starts). A hung
 notebook is retried once; a retry that passes still prints a warning naming the cell.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import nbformat
 
-from servelab.nbrun import CommandRun, run_command, slowest_first
+from nbrun import CommandRun, run_command, slowest_first
 from servelab.prose import count
 
 ROOT = Path(__file__).resolve().parent.parent

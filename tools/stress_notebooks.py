@@ -5,7 +5,7 @@ A run *hangs* when it is still going at ``--limit`` seconds (it is then killed w
 cell it was running is named). The runners:
 
 * ``stock``: plain ``nbclient.NotebookClient`` as the runners used it before (the "before" figure);
-* ``nbrun``: :func:`servelab.nbrun.run_notebook`, which ``tools/execute_notebooks.py`` and
+* ``nbrun``: :func:`nbrun.run_notebook`, which ``tools/execute_notebooks.py`` and
   ``tools/clean_install.py`` use;
 * ``book``: the book build's executor (``book/_ext/servelab_book.py``), with the build's environment;
 * ``nbval``: ``tools/run_nbval.py``, one notebook per pytest process.
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 
-from servelab.nbrun import run_command, run_notebook  # noqa: E402
+from nbrun import run_command, run_notebook  # noqa: E402
 
 STOCK = """
 import sys, nbformat

@@ -22,7 +22,7 @@
    ``django-static-mathjax`` into ``_static/mathjax`` (``mathjax_path`` in ``_config.yml`` points
    there), so formulas render with no network.
 9. Every notebook is executed in a process of its own under a hard wall-clock limit
-   (:func:`servelab.nbrun.run_notebook`, ``SERVELAB_NOTEBOOK_LIMIT_S``, default 600 s): jupyter-cache's
+   (:func:`nbrun.run_notebook`, ``SERVELAB_NOTEBOOK_LIMIT_S``, default 600 s): jupyter-cache's
    in-process executor is replaced, so a notebook that hangs is killed with its kernel, and the build
    fails with a warning naming the notebook and the cell it was running. The notebooks a build will
    execute are started before Sphinx reads the first page, two at a time on a machine with two cores
@@ -38,7 +38,7 @@
    after it has assigned section numbers every number's first component is lowered by one. Only the
    "Chapters" part of ``_toc.yml`` is numbered, so every numbered page is a chapter page.
 12. The architecture page's chapter -> module map and engine reading order are generated
-    (:func:`servelab.course_map.with_course_map`): each marker line becomes a table read from the
+    (:func:`course_map.with_course_map`): each marker line becomes a table read from the
     chapter notebooks' imports and the engine's files, linked to the source on GitHub at the branch in
     ``_config.yml``. The page is read again whenever a notebook changes.
 """
@@ -50,6 +50,7 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from docutils import nodes
@@ -57,6 +58,9 @@ from sphinx.application import Sphinx
 from sphinx.environment.collectors.toctree import TocTreeCollector
 from sphinx.environment import BuildEnvironment
 from sphinx.util import logging
+
+# The notebook runner is build machinery, not library: it lives in tools/ (tools/nbrun.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 LOGGER = logging.getLogger(__name__)
 PLOTLY_JS = "plotly.min.js"
@@ -257,7 +261,7 @@ def add_course_map(app: Sphinx, docname: str, source: list[str]) -> None:
     """The generated chapter -> module map and engine reading order on the architecture page."""
     if docname != COURSE_MAP_PAGE:
         return
-    from servelab.course_map import chapter_notebooks, with_course_map
+    from course_map import chapter_notebooks, with_course_map
 
     root = Path(app.srcdir)
     options = app.config.html_theme_options
@@ -289,8 +293,8 @@ def _overridden(nb, timeout, allow_errors, meta_override=True):
 
 
 def _run_with_deadline(nb, cwd, timeout, allow_errors):
-    """One notebook in a child process under the hard limit (a :class:`servelab.nbrun.NotebookRun`)."""
-    from servelab.nbrun import run_notebook
+    """One notebook in a child process under the hard limit (a :class:`nbrun.NotebookRun`)."""
+    from nbrun import run_notebook
 
     limit = float(os.environ.get(NOTEBOOK_LIMIT_ENV, NOTEBOOK_LIMIT_S))
     return run_notebook(nb, limit_s=limit, cwd=Path(cwd), cell_timeout_s=timeout or limit,
@@ -360,7 +364,7 @@ def checked_output_differences(saved, executed) -> list[str]:
     from the committed ones (``saved``), compared by nbval's rules and ``notebooks/sanitize.cfg``."""
     from nbval.plugin import get_sanitize_patterns
 
-    from servelab.nbrun import is_checked
+    from nbrun import is_checked
 
     patterns = get_sanitize_patterns(SANITIZE.read_text())
     saved_code = [c for c in saved.cells if c.cell_type == "code"]
@@ -411,7 +415,7 @@ def _needs_execution(app: Sphinx, nb) -> bool:
 
 def prefetch_notebooks(app: Sphinx, env: BuildEnvironment, docnames: list[str]) -> None:
     """Start every notebook that is about to be read and executed, ``SERVELAB_BOOK_JOBS`` at a time
-    (default: one per core, at most 2), the slowest first (:func:`servelab.nbrun.slowest_first`), so
+    (default: one per core, at most 2), the slowest first (:func:`nbrun.slowest_first`), so
     that the last to end is a short one. Each run keeps its own hard limit."""
     import nbformat
     from concurrent.futures import ThreadPoolExecutor
@@ -420,7 +424,7 @@ def prefetch_notebooks(app: Sphinx, env: BuildEnvironment, docnames: list[str]) 
     config = env.mystnb_config
     if jobs < 2 or config.execution_in_temp:
         return
-    from servelab.nbrun import slowest_first
+    from nbrun import slowest_first
 
     pool = None
     notebooks = [Path(env.doc2path(docname)) for docname in docnames]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from servelab.batching import (
+from servelab.scheduling.batching import (
     Request,
     chunked_prefill_scenario,
     simulate_batching,
@@ -33,10 +33,10 @@ from servelab.kv import (
     physical_blocks_no_sharing,
     physical_blocks_with_sharing,
 )
-from servelab.ledger import Usage
-from servelab.lifecycle import Ledger, RequestLifecycle, RequestState, SlotPool, reclaim
+from servelab.lifecycle.ledger import Usage
+from servelab.lifecycle.state_machine import Ledger, RequestLifecycle, RequestState, SlotPool, reclaim
 from servelab.prose import count
-from servelab.roofline import ModelShape, decode_cost, prefill_cost, ridge_point
+from servelab.metrics.roofline import ModelShape, decode_cost, prefill_cost, ridge_point
 from servelab.sampling import (
     apply_frequency_presence,
     apply_hard_mask,
@@ -52,7 +52,7 @@ from servelab.sampling import (
     top_p_filter,
     typical_filter,
 )
-from servelab.streaming import StopStringBuffer
+from servelab.sampling.stop_strings import StopStringBuffer
 
 
 class CheckFailure(AssertionError):

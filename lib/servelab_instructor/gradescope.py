@@ -12,7 +12,7 @@ writes a zip with, at its root (Gradescope's autograder specification):
   ``requirements.txt`` and ``grading.json`` (the seed, the exercises, the limits).
 
 Grading (``run --root ROOT``) uses the batch grader's worker and isolation
-(:mod:`servelab.exercises.isolation`): student code never sees ``results/``, the zip's files or the
+(:mod:`servelab_instructor.grader.isolation`): student code never sees ``results/``, the zip's files or the
 seed. ``results.json`` has one test per rule (``name``, ``score``, ``max_score``, ``output``,
 ``visibility``: ``after_published``, since every case is a hidden one) and a top-level ``score``
 equal to their sum; it is written last, atomically (a temporary file renamed over it). If anything
@@ -32,11 +32,11 @@ import zipfile
 from pathlib import Path
 
 from servelab.exercises.catalog import EXERCISES
-from servelab.exercises.grade import CaseGrade, grade_notebook
-from servelab.exercises.isolation import IsolationUnavailable, choose
-from servelab.exercises.reaper import hide_process_state, reaping
-from servelab.exercises.sandbox import Limits
-from servelab.exercises.submissions import exercise_in_name
+from servelab_instructor.grader.grade import CaseGrade, grade_notebook
+from servelab_instructor.grader.isolation import IsolationUnavailable, choose
+from servelab_instructor.grader.reaper import hide_process_state, reaping
+from servelab_instructor.grader.sandbox import Limits
+from servelab_instructor.grader.submissions import exercise_in_name
 
 __all__ = ["HIDDEN", "build", "main", "results", "run"]
 

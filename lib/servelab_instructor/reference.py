@@ -6,8 +6,8 @@ grader computes its hidden cases' expected values with them (:mod:`servelab.exer
 package. A student's install does not contain this module; the grader refuses its import in graded code.
 
 * :class:`ReferenceAllocator` -- the allocator interface on ``servelab.kv.BlockAllocator``.
-* :func:`reference_tick` -- one continuous-batching tick (``servelab.batching``'s continuous policy).
-* :func:`reference_accept`, :func:`reference_residual` -- ``servelab.speculative``'s accept/correct rule.
+* :func:`reference_tick` -- one continuous-batching tick (``servelab.scheduling.batching``'s continuous policy).
+* :func:`reference_accept`, :func:`reference_residual` -- ``servelab.optimizations.speculative``'s accept/correct rule.
 * :func:`reference_kv_bytes_per_token`, :func:`reference_max_requests` -- ``servelab.kv`` sizing.
 * :func:`reference_admit` -- FCFS admission with KV reservations on ``BlockAllocator.reserve``.
 """
@@ -19,7 +19,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from servelab.kv import BlockAllocator, OutOfBlocks, kv_bytes_per_token, physical_blocks_no_sharing
-from servelab.speculative import acceptance_probability, residual_distribution
+from servelab.optimizations.speculative import acceptance_probability, residual_distribution
 
 __all__ = [
     "ReferenceAllocator",
@@ -83,12 +83,12 @@ def reference_tick(
 
 
 def reference_accept(p: np.ndarray, q: np.ndarray, token: int) -> float:
-    """``min(1, p[token] / q[token])`` (``servelab.speculative.acceptance_probability``)."""
+    """``min(1, p[token] / q[token])`` (``servelab.optimizations.speculative.acceptance_probability``)."""
     return acceptance_probability(p, q, int(token))
 
 
 def reference_residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """``norm(max(0, p - q))`` (``servelab.speculative.residual_distribution``)."""
+    """``norm(max(0, p - q))`` (``servelab.optimizations.speculative.residual_distribution``)."""
     return residual_distribution(p, q)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from servelab.kv import blocks_for
 from servelab.sampling import min_p_filter, top_p_filter
-from servelab.streaming import StopStringBuffer
+from servelab.sampling.stop_strings import StopStringBuffer
 from servelab_instructor.reference import (ReferenceAllocator, reference_accept, reference_admit,
                                            reference_kv_bytes_per_token, reference_max_requests,
                                            reference_residual, reference_tick)

@@ -4,7 +4,8 @@
   the no-KV-cache loop vs ``transformers`` ``generate``, batching, prefix cache, chunked prefill, step cost;
 * :mod:`~servelab.bench.decode_floor` -- the decode step against this machine's roofline floor
   (``python -m servelab.bench --model smollm2-135m``);
-* :mod:`~servelab.bench.gpu_check` -- the prepared GPU check (``bash tools/gpu_check.sh``), one JSON;
+* :mod:`~servelab.bench.gpu_results` -- the prepared GPU check's JSON read back (the check itself:
+  ``bash tools/gpu_check.sh``), and the §5 table made from it;
 * :mod:`~servelab.bench.timing` -- the timing discipline every speed claim uses: A vs B interleaved,
   paired ratios, a bootstrap band, and "faster"/"slower" only when the band leaves 1;
 * :mod:`~servelab.bench.admission_study` -- both admission rules (reservation policies) on one workload.

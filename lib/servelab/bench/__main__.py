@@ -1,5 +1,5 @@
-"""``python -m servelab.bench``: the engine benchmark (:func:`servelab.bench.engine_bench.main`)."""
+"""``python -m servelab.bench``: the engine benchmark (:func:`servelab.bench.cli.main`)."""
 
-from servelab.bench.engine_bench import main
+from servelab.bench.cli import main
 
 main()

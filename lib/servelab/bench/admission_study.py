@@ -2,7 +2,7 @@
 
 :func:`compare_reservation_policies` runs the same requests (all queued at once, greedy, EOS ignored, so
 every request generates exactly its ``max_tokens``) through a fresh ``LLMEngine`` per policy of
-``servelab.engine.scheduler.ReservationPolicy`` and reports, per policy:
+``servelab.engine.admission.ReservationPolicy`` and reports, per policy:
 
 * ``peak_running`` / ``mean_running``: sequences in the batch after each step (admitted concurrency);
 * ``preemptions``: sequences preempted (recompute or swap-out) over the run;
@@ -28,7 +28,7 @@ from servelab._validate import require_int
 from servelab.engine.config import EngineConfig
 from servelab.engine.llm_engine import LLMEngine
 from servelab.engine.config import RESERVATION_POLICIES
-from servelab.metrics import percentile
+from servelab.metrics.latency import percentile
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling.params import SamplingParams
 

@@ -2,7 +2,7 @@
 
 ``python -m servelab.bench --model smollm2-135m [--quick] [--threads N] [--out PATH]`` runs
 :func:`run_smollm2`: a random-weight model with SmolLM2-135M's exact configuration (the speed regime depends
-only on shapes), this machine's roofline (:mod:`servelab.roofline`), then the engine's decode step at batch
+only on shapes), this machine's roofline (:mod:`servelab.metrics.roofline`), then the engine's decode step at batch
 1 and 8 and ``transformers`` ``generate``'s per-token step at batch 1, each set against
 ``max(bytes / bandwidth, FLOPs / peak, ops x overhead)``. "Fraction of floor" is the floor over the measured
 step (1.0 = at the floor). Then 32 requests with skewed output lengths: the engine vs ``generate`` on one
@@ -29,8 +29,8 @@ from servelab.bench.engine_bench import (SMOLLM2_135M, bench_skewed, decoding_en
 from servelab.model import load_tokenizer
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
-from servelab.roofline import decode_cost
-from servelab.roofline.measured import Clock, Roofline, count_ops, decode_floor, measure_roofline, model_shape
+from servelab.metrics.roofline import decode_cost
+from servelab.metrics.roofline.measured import Clock, Roofline, count_ops, decode_floor, measure_roofline, model_shape
 
 __all__ = ["bench_floor", "decode_floor_rows", "format_floor", "gemv_only", "gemv_only_s", "round_robin_medians",
            "run_smollm2", "smollm2_random"]

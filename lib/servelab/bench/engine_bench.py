@@ -28,14 +28,13 @@ Sections (every figure is measured here, in this process, one after the other):
 
 Throughput counts requested output tokens per wall-clock second, prefill included. The prefix cache is
 off except in its own section (repeats replay the same prompts and would hit it). Latencies are seconds
-at the engine API (``servelab.metrics`` definitions). Greedy decoding, EOS ignored, so every system
+at the engine API (``servelab.metrics.latency`` definitions). Greedy decoding, EOS ignored, so every system
 generates exactly the requested tokens; the batch-1 section also checks that all three agree token for
 token. Timings are sensitive to other load on the machine; each figure is the best of ``repeats`` runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -393,46 +392,3 @@ def format_table(result: dict) -> str:
              "ratios: x times faster, by best wall-clock time and by best CPU time of this process", ""]
     lines += [f"{label:<54}{value:>18}" for label, value in summary_rows(result)]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Command line: run, print the table, save the JSON."""
-    parser = argparse.ArgumentParser(prog="python -m servelab.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer tokens and one repeat (seconds, not minutes)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="where to write the JSON result (default: data/engine_bench_{cpu,cuda}.json)")
-    parser.add_argument("--model", default=None,
-                        help=f"checkpoint folder (default: the shipped model), or {SMOLLM2_135M!r}: its shape with "
-                             "random weights, the decode step against this machine's roofline floor")
-    parser.add_argument("--threads", type=int, default=None,
-                        help=f"torch threads (default: 1; 2 for {SMOLLM2_135M!r})")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="where to run (default: SERVELAB_DEVICE, else cuda when present, else cpu)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
-                        help="weights and KV dtype (default: SERVELAB_DTYPE, else bfloat16 on cuda, float32 on cpu)")
-    args = parser.parse_args(argv)
-    if args.model == SMOLLM2_135M:
-        from servelab.bench.decode_floor import run_smollm2, format_floor  # it imports this module
-
-        result = run_smollm2(args.threads or 2, args.quick)
-        print(format_floor(result))
-        out = args.out or DATA_DIR / "engine_bench_cpu_smollm2.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"\nsaved {out}")
-        return
-    if args.threads is not None:
-        parser.error(f"--threads applies only to --model {SMOLLM2_135M}")
-    try:
-        where, _ = pick_device(args.device, args.dtype)
-    except ValueError as exc:  # e.g. --device cuda on a machine without a GPU
-        parser.error(str(exc))
-    result = run(args.quick, args.model, args.device, args.dtype)
-    print(format_table(result))
-    out = args.out or default_out(where)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nsaved {out}")
-
-
-if __name__ == "__main__":
-    main()

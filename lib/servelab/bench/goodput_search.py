@@ -3,15 +3,15 @@ target, found by sweeping the offered rate through the simulated server.
 
 The course uses two definitions, and both are in use in the field:
 
-* goodput as a **rate of on-time work** (:func:`servelab.metrics.goodput`): SLO-meeting requests
+* goodput as a **rate of on-time work** (:func:`servelab.metrics.latency.goodput`): SLO-meeting requests
   finished per second at the load you measured;
 * goodput as a **capacity** (DistServe): the largest arrival rate at which at least ``target`` of
   all requests meet every SLO. :func:`distserve_goodput` finds it: it runs
-  :func:`servelab.loadsim.simulate_server` on :func:`servelab.loadsim.poisson_jobs` at each rate of
+  :func:`servelab.metrics.loadsim.simulate_server` on :func:`servelab.metrics.loadsim.poisson_jobs` at each rate of
   a grid, once per seed, and then bisects between the last rate that met the target and the first
   that missed it.
 
-System boundary: the simulated server of :mod:`servelab.loadsim` (simulated clock, exact and
+System boundary: the simulated server of :mod:`servelab.metrics.loadsim` (simulated clock, exact and
 repeatable). Attainment counts *every* request that arrived, each served to completion, so a late
 request counts as a miss rather than leaving the population; a rate meets the target only when
 every seed does (the worst seed decides). Rates in requests/s, SLOs in seconds.
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servelab._validate import require_int, require_real
-from servelab.loadsim import poisson_jobs, simulate_server
-from servelab.metrics import slo_attainment
+from servelab.metrics.loadsim import poisson_jobs, simulate_server
+from servelab.metrics.latency import slo_attainment
 
 __all__ = ["GoodputSearch", "attainment_at", "distserve_goodput"]
 
@@ -66,7 +66,7 @@ def distserve_goodput(rates: Sequence[float], seeds: Sequence[int], duration_s: 
 
     ``rates``: the grid, increasing; ``bisect_steps`` halvings of the interval between the last
     grid rate that met the target and the first that missed; ``server``: keyword arguments of
-    :func:`servelab.loadsim.simulate_server`.
+    :func:`servelab.metrics.loadsim.simulate_server`.
     """
     if not isinstance(rates, Sequence) or not rates:
         raise ValueError("rates must be a non-empty increasing list of request rates (requests/s)")

@@ -5,7 +5,7 @@
 * :mod:`servelab.cluster.parallelism`: tensor, pipeline and expert parallelism;
 * :mod:`servelab.cluster.disaggregation`: shipping a prompt's KV against co-located prefill, chunked or not.
 
-Multi-LoRA adapter serving is a single-replica concern and lives in :mod:`servelab.adapters`.
+Multi-LoRA adapter serving is a single-replica concern and lives in :mod:`servelab.cluster.adapters`.
 """
 
 from servelab.cluster.assumptions import Accelerator, ClusterAssumptions

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab._validate import require_int, require_real
-from servelab.roofline import ModelShape
+from servelab.metrics.roofline import ModelShape
 
 __all__ = ["Accelerator", "ClusterAssumptions", "require_mfu"]
 

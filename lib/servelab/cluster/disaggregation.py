@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from servelab._validate import require_int, require_real
 from servelab.cluster.assumptions import Accelerator, require_mfu
 from servelab.kv import kv_bytes_per_token
-from servelab.roofline import ModelShape, PhaseCost, decode_cost, prefill_cost
+from servelab.metrics.roofline import ModelShape, PhaseCost, decode_cost, prefill_cost
 
 __all__ = [
     "DisaggregationEstimate",
@@ -66,7 +66,7 @@ def prefill_chunk_cost(model: ModelShape, offset: int, chunk_tokens: int) -> Pha
 
     FLOPs: 2P per token plus attention over the ``offset`` cached tokens and causally within the
     chunk, 4 x layers x hidden per (query, key) pair. Bytes: the weights, the cached prefix's KV read
-    and the chunk's KV written. ``offset`` 0 with the whole prompt is :func:`servelab.roofline.prefill_cost`.
+    and the chunk's KV written. ``offset`` 0 with the whole prompt is :func:`servelab.metrics.roofline.prefill_cost`.
     """
     if not isinstance(model, ModelShape):
         raise TypeError(f"model must be a ModelShape, got {type(model).__name__}")
@@ -108,7 +108,7 @@ def disaggregation_estimate(model: ModelShape, prompt_tokens: int, device: Accel
 
     KV bytes: ``prompt_tokens x`` :func:`servelab.kv.kv_bytes_per_token` of ``model``. Transfer:
     ``link_latency_s + kv_bytes / link_bandwidth`` (bytes/s; no overlap with the prefill assumed).
-    Stall: :func:`colocated_stall_s`, from :func:`servelab.roofline.prefill_cost` and ``decode_cost``
+    Stall: :func:`colocated_stall_s`, from :func:`servelab.metrics.roofline.prefill_cost` and ``decode_cost``
     on ``device`` at model-FLOP utilisation ``mfu`` (0 < mfu <= 1).
     """
     if not isinstance(model, ModelShape):

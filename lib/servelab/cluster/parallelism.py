@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from servelab._validate import require_int, require_real
 from servelab.cluster.assumptions import Accelerator
-from servelab.roofline import ModelShape, decode_cost
+from servelab.metrics.roofline import ModelShape, decode_cost
 
 __all__ = [
     "ALLREDUCE_ALGORITHMS",
@@ -113,7 +113,7 @@ def tp_decode_step(model: ModelShape, tp: int, device: Accelerator, link_bandwid
                    allreduce: str = "ring") -> TPStep:
     """Time one decode step of ``batch`` sequences at ``context_len`` tokens on ``tp`` ranks.
 
-    Compute: :func:`servelab.roofline.decode_cost` split evenly over the ranks, timed on ``device``
+    Compute: :func:`servelab.metrics.roofline.decode_cost` split evenly over the ranks, timed on ``device``
     at model-FLOP utilisation ``mfu`` (1 = the roofline bound).
     Communication: per layer two all-reduces of ``batch x hidden`` activations, timed by
     :func:`allreduce_seconds` with ``allreduce`` (``"ring"``: each of the ``2(t-1)`` ring steps costs

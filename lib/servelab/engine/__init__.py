@@ -2,7 +2,8 @@
 preemption (recompute or swap), a batched sampler, streaming and an optional per-iteration trace.
 
 One concept per module; the module map and the reading order of one ``LLMEngine.step`` are on the book's
-architecture page (``book/architecture.md``, the order generated from :data:`servelab.course_map.ENGINE_STEP`).
+architecture page (``book/architecture.md``, the order generated from
+:data:`servelab.engine.reading_order.ENGINE_STEP`).
 The benchmark, the GPU check and the admission study measure the engine from outside: :mod:`servelab.bench`.
 """
 

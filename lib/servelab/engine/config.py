@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab._validate import require_int, require_interval, require_real, require_type
-from servelab.queue_policy import ENGINE_POLICIES
+from servelab.scheduling.queue_policy import ENGINE_POLICIES
 
 PREEMPTION_MODES = ("recompute", "swap")
-RESERVATION_POLICIES = ("on-demand", "up-front")  # the rules of servelab.engine.reservation.RESERVATIONS
+RESERVATION_POLICIES = ("on-demand", "up-front")  # the rules of servelab.engine.admission.RESERVATIONS
 
 
 @dataclass(frozen=True)
@@ -41,15 +41,15 @@ class EngineConfig:
         preemption_mode: ``"recompute"`` (drop the KV, prefill again later) or ``"swap"`` (copy the KV
             to host memory and back).
         swap_space_bytes: host memory (bytes) for swapped-out KV; when full, preemption recomputes.
-        policy: queue order and victim choice, a name in ``servelab.queue_policy.ENGINE_POLICIES``:
+        policy: queue order and victim choice, a name in ``servelab.scheduling.queue_policy.ENGINE_POLICIES``:
             ``"fcfs"`` (arrival), ``"priority"`` (lower value first, then arrival), ``"sjf"`` (fewest tokens
             left under ``max_tokens`` first), ``"sjf-aging"`` (SJF, less ``aging_rate`` tokens per scheduler
             tick waited since the request was queued) or ``"fair-queuing"`` (the tenant with the fewest
             tokens sampled so far first, FCFS within a tenant; ``add_request(tenant=...)``). Running
-            and swapped sequences follow the key of ``servelab.queue_policy.running_key``.
+            and swapped sequences follow the key of ``servelab.scheduling.queue_policy.running_key``.
         aging_rate: tokens of rank one scheduler tick of waiting earns under ``"sjf-aging"`` (>= 0).
         reservation_policy: the admission rule, a name in :data:`RESERVATION_POLICIES` (see
-            ``servelab.engine.reservation``): ``"on-demand"`` (reserve the uncached
+            ``servelab.engine.admission``): ``"on-demand"`` (reserve the uncached
             prompt blocks, grow block by block, preempt under pressure) or ``"up-front"`` (reserve
             prompt + ``max_tokens`` blocks at admission, never preempt).
         max_model_len: context limit in tokens (prompt + output); ``None`` uses the model's

@@ -26,17 +26,17 @@ from servelab.engine.config import EngineConfig
 from servelab.engine import logprobs, structured
 from servelab.engine.model_runner import ForwardInput, ModelRunner
 from servelab.engine.parallel_sampling import fork_finished_prompts
-from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, EngineRequest, lifecycle_state
-from servelab.engine.reservation import reservation_policy
+from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, lifecycle_state
+from servelab.engine.admission import reservation_policy
 from servelab.engine.sampler import SamplingRow, sample_tokens
 from servelab.engine.scheduler import Scheduler, SchedulerOutput
-from servelab.engine.sequence import (RequestOutput, SampleOutput, Sequence, StepOutputs, accept_token,
-                                      finish_text, request_output, usage)
+from servelab.engine.sequence import (EngineRequest, RequestOutput, SampleOutput, Sequence, StepOutputs,
+                                      accept_token, finish_text, request_output, usage)
 from servelab.engine.trace import StepRecord
 from servelab.engine.validation import RequestValidator, check_components, context_limit
 from servelab.kv.allocator import BlockAllocator
-from servelab.ledger import Ledger, TerminalRecord, Usage
-from servelab.lifecycle import SlotPool
+from servelab.lifecycle.ledger import Ledger, TerminalRecord, Usage
+from servelab.lifecycle.state_machine import SlotPool
 from servelab.model.llama import LlamaForCausalLM
 
 __all__ = ["FINISH_REASONS", "EngineCore", "RequestOutput", "SampleOutput", "Usage"]
@@ -84,7 +84,8 @@ class EngineCore:
         if sched.is_empty and not (outputs or sched.preempted or sched.swapped_out or sched.swapped_in):
             return StepOutputs(outputs)
         if self.config.trace_steps:  # tracing is off by default
-            self.trace.append(StepRecord.of_step(self.num_steps, start, self.clock(), sched, outputs, self))
+            self.trace.append(StepRecord.of_step(self.num_steps, start, self.clock(), sched, outputs,
+                                                 self.allocator, self.scheduler))
         self.num_steps += 1
         admitted = set(sched.admitted)
         return StepOutputs(outputs, tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks

@@ -21,12 +21,9 @@ import torch
 from servelab._validate import require_int, require_interval
 
 if TYPE_CHECKING:
-    from servelab.engine.config import EngineConfig
-    from servelab.engine.model_runner import ModelRunner
     from servelab.model.llama import LlamaConfig
 
-__all__ = ["GpuMemory", "kv_block_bytes", "kv_blocks_for_gpu", "measure_cuda_memory", "pool_blocks",
-           "blocks_from_gpu_memory"]
+__all__ = ["GpuMemory", "kv_block_bytes", "kv_blocks_for_gpu", "measure_cuda_memory"]
 
 
 def kv_block_bytes(model_config: "LlamaConfig", block_size: int, dtype: torch.dtype) -> int:
@@ -89,38 +86,3 @@ def measure_cuda_memory(device: torch.device, profile: Callable[[], object]) -> 
     peak = torch.cuda.max_memory_allocated(device) - before
     torch.cuda.empty_cache()  # hand the profiling pass's activations back before the pool is allocated
     return GpuMemory(total, total - free, peak)
-
-
-def pool_blocks(runner: "ModelRunner", config: "EngineConfig") -> int:
-    """Blocks for a pool whose size ``config.num_blocks`` leaves open: on CUDA with
-    ``gpu_memory_utilization`` set, what :func:`blocks_from_gpu_memory` finds; else as many as
-    ``config.kv_cache_memory_bytes`` pays for (``runner.bytes_per_block = 2 * layers * block_size *
-    kv_heads * head_dim * bytes_per_element``)."""
-    if config.gpu_memory_utilization is None or runner.device.type != "cuda":
-        return max(1, config.kv_cache_memory_bytes // runner.bytes_per_block)
-    return blocks_from_gpu_memory(runner, config)
-
-
-def blocks_from_gpu_memory(runner: "ModelRunner", config: "EngineConfig") -> int:
-    """Profile one forward pass of ``max_num_batched_tokens`` tokens (one sequence from position 0, its last
-    ``max_num_seqs`` rows through the LM head) over a pool just large enough, then size the real pool from
-    what the device has left (:func:`kv_blocks_for_gpu`)."""
-    from servelab.engine.model_runner import ChunkSpan, ForwardInput, KVCache, PagedAttention
-
-    cfg = runner.model.config
-    tokens = min(config.max_num_batched_tokens, config.max_model_len or cfg.max_position_embeddings)
-    blocks = -(-tokens // config.block_size)
-    rows = min(config.max_num_seqs, tokens)
-    batch = ForwardInput(token_ids=[0] * tokens, positions=list(range(tokens)),
-                         spans=[ChunkSpan(0, tokens, list(range(blocks)))],
-                         sample_indices=list(range(tokens - rows, tokens)))
-
-    def profile() -> None:
-        runner.backend = PagedAttention(KVCache(cfg.num_hidden_layers, blocks, config.block_size,
-                                                cfg.num_key_value_heads, cfg.head_dim, runner.dtype, runner.device))
-        runner.execute(batch)
-        del runner.backend
-
-    seen = measure_cuda_memory(runner.device, profile)
-    return kv_blocks_for_gpu(seen.total_bytes, config.gpu_memory_utilization, seen.used_bytes,
-                             seen.activation_peak_bytes, runner.bytes_per_block)

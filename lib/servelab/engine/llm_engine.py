@@ -9,19 +9,19 @@ None of it runs inside ``EngineCore.step``, which reads the requests these metho
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence as SequenceOf
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from servelab.chat_template import ChatTemplate
+from servelab.model.chat_template import ChatTemplate
 from servelab.device import resolve_device_dtype
 from servelab.engine.config import EngineConfig
 from servelab.engine.engine import EngineCore
-from servelab.engine.request import EngineRequest, lifecycle_state, new_request
-from servelab.engine.sequence import RequestOutput
-from servelab.ledger import LedgerTotals
-from servelab.lifecycle import RequestState
+from servelab.engine.request import lifecycle_state, new_request
+from servelab.engine.sequence import EngineRequest, RequestOutput
+from servelab.lifecycle.ledger import LedgerTotals
+from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling.params import SamplingParams
 
 
@@ -29,7 +29,7 @@ from servelab.sampling.params import SamplingParams
 class EngineStats:
     """The engine's load between two steps: sequences per scheduler queue, and the fraction of KV blocks
     in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free); ``ended``: the
-    ledger's exact totals over every request that has ended (:class:`~servelab.ledger.LedgerTotals`)."""
+    ledger's exact totals over every request that has ended (:class:`~servelab.lifecycle.ledger.LedgerTotals`)."""
 
     num_running: int
     num_waiting: int
@@ -105,7 +105,7 @@ class LLMEngine(EngineCore):
         return request_id
 
     def state(self, request_id: str) -> RequestState:
-        """The request's lifecycle state now (``servelab.lifecycle.RequestState``): read off the
+        """The request's lifecycle state now (``servelab.lifecycle.state_machine.RequestState``): read off the
         scheduler's state of its sequences while it runs, its terminal record's once it has ended.
         KeyError for an id this engine does not know: never issued, or ended more than
         ``config.ledger_size`` requests ago (its record left the ledger's window)."""
@@ -169,8 +169,8 @@ class LLMEngine(EngineCore):
         """Yield the text deltas of one new request as steps produce them (see :func:`stream`)."""
         return stream(self, prompt, params, **kwargs)
 
-    def generate(self, prompts: SequenceOf[str | list[int]] | str,
-                 params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:
+    def generate(self, prompts: Sequence[str | list[int]] | str,
+                 params: SamplingParams | Sequence[SamplingParams]) -> list[RequestOutput]:
         """Offline batch: run all ``prompts`` to completion; each one's final output, in order
         (see :func:`generate`)."""
         return generate(self, prompts, params)
@@ -222,8 +222,8 @@ def stream(engine: LLMEngine, prompt: str | list[int], params: SamplingParams, *
             engine.abort(request_id)
 
 
-def generate(engine: LLMEngine, prompts: SequenceOf[str | list[int]] | str,
-         params: SamplingParams | SequenceOf[SamplingParams]) -> list[RequestOutput]:
+def generate(engine: LLMEngine, prompts: Sequence[str | list[int]] | str,
+         params: SamplingParams | Sequence[SamplingParams]) -> list[RequestOutput]:
     """Offline batch: run all ``prompts`` to completion; returns each one's final output, in order.
 
     Like :func:`stream`, it drives :meth:`LLMEngine.step` itself, so outputs of other requests already in the

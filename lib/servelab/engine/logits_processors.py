@@ -18,7 +18,7 @@ import torch
 from servelab.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
-    from servelab.engine.sampler import SamplingRow
+    from servelab.engine.sampling_row import SamplingRow
 
 __all__ = ["uses_processors", "process_logits"]
 

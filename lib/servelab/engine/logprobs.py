@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from servelab.engine.sequence import Sequence
+from servelab.sampling.params import SamplingParams
 
-__all__ = ["TokenLogprob", "SampleLogprobs", "token_logprobs", "record_sampled", "ScoreRow", "score_rows",
+__all__ = ["TokenLogprob", "SampleLogprobs", "Scored", "token_logprobs", "record_sampled", "ScoreRow", "score_rows",
            "score_prompts", "take_logprobs", "take_prompt_logprobs"]
 
 
@@ -41,6 +40,16 @@ class SampleLogprobs:
     prompt_sent: bool = False
 
 
+class Scored(Protocol):
+    """What this module reads and writes of one sample (the engine's ``Sequence`` provides it)."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    emitted_ids: list[int]  # the generated ids that have reached the caller
+    finish_reason: str | None  # why the sample ended; None while it runs
+    logprobs: SampleLogprobs
+
+
 def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top_k: Sequence[int]) -> list[TokenLogprob]:
     """Per row of ``logits`` (``[rows, vocab]``): the raw log-softmax of ``targets[i]`` and the
     ``top_k[i]`` most likely tokens (ties: torch.topk's order)."""
@@ -58,7 +67,7 @@ def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top_k: Sequence
             for i, (t, lp) in enumerate(zip(targets, chosen))]
 
 
-def record_sampled(logits: torch.Tensor, seqs: Sequence["Sequence"], tokens: Sequence[int | None]) -> None:
+def record_sampled(logits: torch.Tensor, seqs: Sequence[Scored], tokens: Sequence[int | None]) -> None:
     """Append to each sample that asked for ``params.logprobs`` the logprob of the token it just drew from
     its row of ``logits`` (the raw distribution of the same rows)."""
     wanted = [i for i, s in enumerate(seqs) if s.params.logprobs is not None and tokens[i] is not None]
@@ -74,11 +83,11 @@ class ScoreRow(NamedTuple):
     """A prompt position whose logits score the next prompt token: flat ``index`` in the step's batch."""
 
     index: int
-    seq: "Sequence"
+    seq: Scored
     position: int
 
 
-def score_rows(seq: "Sequence", start: int, end: int, offset: int) -> list[ScoreRow]:
+def score_rows(seq: Scored, start: int, end: int, offset: int) -> list[ScoreRow]:
     """The score rows of a chunk computing positions ``[start, end)`` of ``seq`` from flat index ``offset``
     (the last prompt position is not one: its logits are the sampled row)."""
     return [ScoreRow(offset + p - start, seq, p) for p in range(start, min(end, len(seq.prompt_ids) - 1))]
@@ -94,7 +103,7 @@ def score_prompts(rows: Sequence[ScoreRow], logits: torch.Tensor) -> None:
             seq.logprobs.prompt.append(logprob)
 
 
-def take_logprobs(seq: "Sequence") -> tuple[TokenLogprob, ...]:
+def take_logprobs(seq: Scored) -> tuple[TokenLogprob, ...]:
     """The logprobs of the ids released since the last output, and of a final EOS (never released)."""
     state = seq.logprobs
     end = len(state.generated) if seq.finish_reason == "eos" else min(len(seq.emitted_ids), len(state.generated))
@@ -103,7 +112,7 @@ def take_logprobs(seq: "Sequence") -> tuple[TokenLogprob, ...]:
     return new
 
 
-def take_prompt_logprobs(seq: "Sequence") -> tuple[TokenLogprob, ...] | None:
+def take_prompt_logprobs(seq: Scored) -> tuple[TokenLogprob, ...] | None:
     """The prompt's logprobs once all are computed, handed out once (None before, after, or unasked)."""
     state = seq.logprobs
     if seq.params.prompt_logprobs is None or state.prompt_sent or len(state.prompt) < len(seq.prompt_ids) - 1:

@@ -24,39 +24,12 @@ import torch.nn.functional as F
 from servelab.device import resolve_device_dtype, use_gemv_layout
 from servelab.engine import gpu_memory
 from servelab.engine.config import EngineConfig
+from servelab.engine.kv_cache import KVCache
 from servelab.engine.logprobs import ScoreRow, score_rows
 from servelab.engine.scheduler import ScheduledChunk
 from servelab.engine.sequence import Sequence
 from servelab.engine.swap import host_swap_space
 from servelab.model.llama import LlamaForCausalLM
-
-
-class KVCache:
-    """The physical block pool: K and V tensors of shape ``[layers, kv_heads, num_blocks, block_size, d]``."""
-
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (num_layers, num_kv_heads, num_blocks, block_size, head_dim)
-        # zeros, not empty: masked-out slots still enter the attention matmul with weight 0, and
-        # 0 * NaN from uninitialised memory would poison the output
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.block_size = block_size
-        self.num_blocks = num_blocks
-        # per-layer views, made once: indexing ``k[layer]`` in every layer of every step costs a tensor op
-        self.layer_k = list(self.k.unbind(0))  # [kv_heads, num_blocks, block_size, d] each
-        self.layer_v = list(self.v.unbind(0))
-        self.layer_k_slots = [k.view(num_kv_heads, -1, head_dim) for k in self.layer_k]  # [kv_heads, slots, d]
-        self.layer_v_slots = [v.view(num_kv_heads, -1, head_dim) for v in self.layer_v]
-
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write: copy physical block ``src`` into ``dst`` in every layer, for each ``(src, dst)``."""
-        if not pairs:
-            return
-        src = torch.tensor([s for s, _ in pairs], device=self.k.device)
-        dst = torch.tensor([d for _, d in pairs], device=self.k.device)
-        self.k[:, :, dst] = self.k[:, :, src]
-        self.v[:, :, dst] = self.v[:, :, src]
 
 
 @dataclass
@@ -239,7 +212,7 @@ class ForwardInput:
 
 class ModelRunner:
     """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``config.num_blocks`` blocks (else what
-    :func:`servelab.engine.gpu_memory.pool_blocks` sizes). The model moves to the configured device and dtype
+    :func:`pool_blocks` sizes). The model moves to the configured device and dtype
     in place, its CPU linear weights column-major (:func:`servelab.device.use_gemv_layout`)."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
@@ -249,7 +222,7 @@ class ModelRunner:
         cfg = model.config
         self.block_size = config.block_size
         self.bytes_per_block = gpu_memory.kv_block_bytes(cfg, config.block_size, self.dtype)
-        self.num_blocks = config.num_blocks or gpu_memory.pool_blocks(self, config)
+        self.num_blocks = config.num_blocks or pool_blocks(self, config)
         self.cache = KVCache(cfg.num_hidden_layers, self.num_blocks, config.block_size,
                              cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
         self.backend = PagedAttention(self.cache)
@@ -269,3 +242,36 @@ class ModelRunner:
             rows = batch.sample_indices + [row.index for row in batch.score_rows]
             hidden = hidden[torch.tensor(rows, device=self.device, dtype=torch.long)]
         return self.model.lm_head(hidden).float()
+
+
+def pool_blocks(runner: ModelRunner, config: EngineConfig) -> int:
+    """Blocks for a pool whose size ``config.num_blocks`` leaves open: on CUDA with
+    ``gpu_memory_utilization`` set, what :func:`blocks_from_gpu_memory` finds; else as many as
+    ``config.kv_cache_memory_bytes`` pays for (``runner.bytes_per_block = 2 * layers * block_size *
+    kv_heads * head_dim * bytes_per_element``)."""
+    if config.gpu_memory_utilization is None or runner.device.type != "cuda":
+        return max(1, config.kv_cache_memory_bytes // runner.bytes_per_block)
+    return blocks_from_gpu_memory(runner, config)
+
+
+def blocks_from_gpu_memory(runner: ModelRunner, config: EngineConfig) -> int:
+    """Profile one forward pass of ``max_num_batched_tokens`` tokens (one sequence from position 0, its last
+    ``max_num_seqs`` rows through the LM head) over a pool just large enough, then size the real pool from
+    what the device has left (:func:`servelab.engine.gpu_memory.kv_blocks_for_gpu`)."""
+    cfg = runner.model.config
+    tokens = min(config.max_num_batched_tokens, config.max_model_len or cfg.max_position_embeddings)
+    blocks = -(-tokens // config.block_size)
+    rows = min(config.max_num_seqs, tokens)
+    batch = ForwardInput(token_ids=[0] * tokens, positions=list(range(tokens)),
+                         spans=[ChunkSpan(0, tokens, list(range(blocks)))],
+                         sample_indices=list(range(tokens - rows, tokens)))
+
+    def profile() -> None:
+        runner.backend = PagedAttention(KVCache(cfg.num_hidden_layers, blocks, config.block_size,
+                                                cfg.num_key_value_heads, cfg.head_dim, runner.dtype, runner.device))
+        runner.execute(batch)
+        del runner.backend
+
+    seen = gpu_memory.measure_cuda_memory(runner.device, profile)
+    return gpu_memory.kv_blocks_for_gpu(seen.total_bytes, config.gpu_memory_utilization, seen.used_bytes,
+                             seen.activation_peak_bytes, runner.bytes_per_block)

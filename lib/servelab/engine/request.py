@@ -1,10 +1,12 @@
-"""The engine's record of one request: its ``n`` sequences, how a new one is built, and its state.
+"""A new request built, and its state read: the engine's ``EngineRequest`` and its ``n`` sequences.
 
 One record per sample: a :class:`~servelab.engine.sequence.Sequence` holds that sample's tokens, KV
-progress, text and timestamps, and points back to its :class:`EngineRequest`, which only groups the
-samples (one unless ``params.n > 1``). The allocator keeps each sequence's block ids, nothing more.
+progress, text and timestamps, and points back to its
+:class:`~servelab.engine.sequence.EngineRequest`, which only groups the samples (one unless
+``params.n > 1``); the two records refer to each other, so they are defined together in
+:mod:`servelab.engine.sequence`. The allocator keeps each sequence's block ids, nothing more.
 
-The request's lifecycle state (``servelab.lifecycle.RequestState``, §0's model) is not stored: it is
+The request's lifecycle state (``servelab.lifecycle.state_machine.RequestState``, §0's model) is not stored: it is
 read off the scheduler's state of its sequences by :func:`lifecycle_state`, so the two cannot drift.
 
 System boundary: plain records; building one allocates nothing (the scheduler admits it later).
@@ -12,36 +14,17 @@ System boundary: plain records; building one allocates nothing (the scheduler ad
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from servelab.engine.sequence import IncrementalDetokenizer, Sequence, SequenceTimes, SeqStatus
-from servelab.lifecycle import RequestState
+from servelab.engine.sequence import EngineRequest, IncrementalDetokenizer, Sequence, SequenceTimes, SeqStatus
+from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling.params import SamplingParams
-from servelab.streaming import StopStringBuffer
+from servelab.sampling.stop_strings import StopStringBuffer
 
 FINISH_REASONS = ("stop", "length", "eos", "cancelled", "timed_out", "failed")
 TERMINAL_STATE = {"stop": RequestState.FINISHED, "length": RequestState.FINISHED, "eos": RequestState.FINISHED,
                   "cancelled": RequestState.CANCELLED, "timed_out": RequestState.TIMED_OUT,
                   "failed": RequestState.FAILED}
-
-
-@dataclass(eq=False)
-class EngineRequest:
-    """One request: its samples' sequences. Before the fork only ``seqs[0]`` is scheduled; it holds a
-    batch slot for every sibling. ``seqs`` is emptied when the request ends (``LLMEngine._end``), so the
-    request and its sequences do not keep each other alive."""
-
-    request_id: str
-    seqs: list[Sequence] = field(default_factory=list)
-    forked: bool = False
-    finish_reason: str | None = None
-
-    @property
-    def seq(self) -> Sequence:
-        """Sample 0's sequence: the one scheduled before the fork, the only one when n == 1."""
-        return self.seqs[0]
 
 
 def new_request(request_id: str, seq_ids: list[str], prompt_ids: list[int], params: SamplingParams, *,

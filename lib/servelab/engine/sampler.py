@@ -14,25 +14,14 @@ System boundary: logits ``[rows, vocab]`` in (any device), one token id per row 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from servelab.engine import structured
 from servelab.engine.logits_processors import process_logits, uses_processors
+from servelab.engine.sampling_row import SamplingRow
 from servelab.engine.truncation import apply_filters
 from servelab.sampling.params import SamplingParams
-
-
-@dataclass
-class SamplingRow:
-    """One request's inputs to one decode step."""
-
-    params: SamplingParams
-    prompt_ids: Sequence[int]
-    output_ids: Sequence[int]
-    generator: torch.Generator  # CPU generator owned by the request
-    grammar_mask: torch.Tensor | None = None  # bool [vocab]: the ids the request's grammar allows next
 
 
 def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int | None]:

@@ -3,10 +3,11 @@
 A tick decides what the next forward pass computes under three limits: ``max_num_seqs`` batch slots (a
 request with ``n`` samples takes ``n`` from admission), the ``max_num_batched_tokens`` budget shared by
 decode tokens and prefill chunks, and the KV block pool, whose admission rule is a
-:class:`ReservationPolicy`. A decode that finds no free block preempts the lowest-ranked running
-sequence. A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and keeps what it holds.
-Off the default step: :mod:`~servelab.engine.swap`, :mod:`~servelab.engine.reservation` (the up-front
-rule) and :mod:`~servelab.engine.parallel_sampling` (the fork of ``n > 1`` samples).
+:class:`~servelab.engine.admission.ReservationPolicy`. A decode that finds no free block preempts the
+lowest-ranked running sequence. A *paused* sequence (``LLMEngine.pause``) is skipped in every queue and
+keeps what it holds. Off the default step: swapping (:meth:`Scheduler.swap_out`, :meth:`Scheduler.swap_in`,
+the host copies in :mod:`~servelab.engine.swap`), the up-front rule of :mod:`~servelab.engine.admission`
+and the fork of ``n > 1`` samples (:meth:`Scheduler.fork`, when: :mod:`~servelab.engine.parallel_sampling`).
 
 System boundary: the scheduler moves block ids and sequences; KV bytes are copied by the ``copy_blocks``
 function it is given (copy-on-write) and swapped through the host swap space, always before the blocks
@@ -17,57 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
 
+from servelab.engine.admission import ReservationPolicy
 from servelab.engine.config import EngineConfig
 from servelab.engine.sequence import Sequence, SeqStatus
-from servelab.engine.swap import HostSwapSpace, swap_in, swap_out
+from servelab.engine.swap import HostSwapSpace
 from servelab.kv.allocator import BlockAllocator, BlockCopy, OutOfBlocks
 from servelab.kv.arithmetic import blocks_for
-from servelab.lifecycle import SlotPool
-from servelab.queue_policy import rank_waiting, running_key
+from servelab.lifecycle.state_machine import SlotPool
+from servelab.scheduling.queue_policy import rank_waiting, running_key
 
 
 CopyBlocks = Callable[[list[tuple[int, int]]], None]
 """Copies the KV of physical block ``src`` into ``dst`` for each ``(src, dst)``, now (``KVCache.copy_blocks``)."""
-
-
-@dataclass(frozen=True)
-class ReservationPolicy:
-    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised. This
-    class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output grows block
-    by block and a decode that finds the pool empty preempts (``"up-front"``: :mod:`~servelab.engine.reservation`).
-    Two phases: :meth:`admit` reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of
-    it, :meth:`keep_output_promise` leaves the output's promise reserved. Units: blocks of ``block_size``
-    token slots; ``max_model_len`` in tokens (None: no cap)."""
-
-    block_size: int
-    max_model_len: int | None = None
-    name: ClassVar[str] = "on-demand"
-    preempts: ClassVar[bool] = True  # running requests may be preempted for KV
-
-    def output_blocks(self, num_tokens: int, remaining_tokens: int, samples: int) -> int:
-        """Blocks promised for the output beyond those of the ``num_tokens`` already there: none."""
-        return 0
-
-    def worst_case_blocks(self, prompt_tokens: int, max_tokens: int, samples: int) -> int:
-        """Most blocks one request may hold or be promised at once (more than the pool: it never runs)."""
-        return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
-
-    def admit(self, allocator: BlockAllocator, seq: Sequence) -> bool:
-        """Phase 1: reserve the uncached prompt blocks plus the output promise; False (nothing reserved)
-        when the unreserved headroom is too small."""
-        need = allocator.num_blocks_to_allocate(seq.token_ids, seq.namespace)
-        return allocator.reserve(seq.seq_id, need + self.output_blocks(seq.num_tokens, seq.remaining_tokens,
-                                                                       seq.batch_slots))
-
-    def keep_output_promise(self, allocator: BlockAllocator, seq: Sequence) -> None:
-        """Phase 2, once the prompt blocks are allocated: keep reserved exactly the output's promise."""
-        allocator.release_reservation(seq.seq_id)
-        allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots))
-
-    def _capped(self, tokens: int) -> int:
-        return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
 
 
 @dataclass(frozen=True)
@@ -164,7 +127,7 @@ class Scheduler:
         self.ticks += 1
         out = SchedulerOutput()
         if self.swapped:
-            swap_in(self, out)
+            self.swap_in(out)
         self.running.sort(key=self.key)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         scheduled = {c.seq_id for c in out.chunks}
@@ -191,6 +154,70 @@ class Scheduler:
             self.served[seq.tenant] = self.served.get(seq.tenant, 0) + 1
 
     # ------------------------------------------------------------------------------- running sequences
+
+    def swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Preempt ``seq`` (already out of the running queue and its batch slots) by swap: copy its computed KV
+        to host memory, free its device blocks and queue it as swapped. False, nothing done, when it has no
+        computed KV, or there is no host swap space or not enough of it left."""
+        space, computed = self.swap_space, blocks_for(seq.num_computed, self.config.block_size)
+        if space is None or not computed:
+            return False
+        if not space.store(seq.seq_id, self.allocator.block_table(seq.seq_id)[:computed]):
+            return False
+        self.allocator.free(seq.seq_id)
+        seq.status = SeqStatus.SWAPPED
+        self.swapped.append(seq)
+        out.swapped_out.append(seq.seq_id)
+        return True
+
+
+    def swap_in(self, out: SchedulerOutput) -> None:
+        """One tick's swap-ins: bring swapped sequences (not paused ones) back while batch slots and blocks
+        allow, best-ranked first; each gets fresh blocks (``BlockAllocator.restore``) its host copy is written
+        into, and rejoins the running queue."""
+        self.swapped.sort(key=self.key)
+        for seq in [s for s in self.swapped if not s.paused]:
+            if self.slots.available < seq.batch_slots:
+                return
+            if not self.allocator.reserve(seq.seq_id, blocks_for(seq.num_tokens, self.config.block_size)):
+                return  # its KV plus the slots of its next chunk
+            self.slots.acquire(seq.seq_id, seq.batch_slots)
+            blocks = self.allocator.restore(seq.seq_id, seq.num_computed, seq.token_ids[:seq.num_computed],
+                                                 namespace=seq.namespace)
+            self.allocator.release_reservation(seq.seq_id)
+            self.swap_space.restore(seq.seq_id, blocks)
+            self.allocator.mark_computed(seq.seq_id, seq.num_computed)  # the KV is back: offer it to the cache
+            self.swapped.remove(seq)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.swapped_in.append(seq.seq_id)
+
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """``n > 1``: split ``parent``, whose prompt is computed, into itself plus ``children`` (they join the
+        running queue sharing its blocks; :mod:`servelab.engine.parallel_sampling` says when)."""
+        self.slots.release(parent.seq_id)  # the parent held 1 + len(children) slots since admission
+        for seq in (parent, *children):
+            self.slots.acquire(seq.seq_id)
+        for child in children:
+            self.allocator.fork(parent.seq_id, child.seq_id)
+            child.num_computed = parent.num_computed
+            child.cached_prompt_tokens = parent.cached_prompt_tokens
+            child.paused = parent.paused
+            child.times.first_scheduled = parent.times.first_scheduled
+            child.status = SeqStatus.RUNNING
+            self.running.append(child)
+        self._split_reservation(parent, children)
+        parent.samples_to_fork = 0
+
+
+    def _split_reservation(self, parent: Sequence, children: list[Sequence]) -> None:
+        """The parent's promise (made for all ``n`` samples) is shared out evenly."""
+        allocator = self.allocator
+        total = allocator.release_reservation(parent.seq_id)
+        share = total // (1 + len(children))
+        for child in children:
+            allocator.reserve(child.seq_id, share)
+        allocator.reserve(parent.seq_id, total - share * len(children))
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         i = 0
@@ -244,7 +271,7 @@ class Scheduler:
         otherwise drop it (recompute later)."""
         self.running.remove(seq)
         self.slots.release(seq.seq_id)
-        if self.config.preemption_mode == "swap" and swap_out(self, seq, out):
+        if self.config.preemption_mode == "swap" and self.swap_out(seq, out):
             return
         self.allocator.free(seq.seq_id)
         seq.num_computed = 0

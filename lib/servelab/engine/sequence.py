@@ -1,6 +1,7 @@
 """One sample of a request inside the engine: its record, its text, and the step's outputs built from it.
 
-A request with ``n`` samples has ``n`` sequences (``Sequence.request`` points back to it), shared by the
+A request with ``n`` samples has ``n`` sequences (``Sequence.request`` points back to its
+:class:`EngineRequest`, defined here too: the two records refer to each other), shared by the
 scheduler, the model runner and output processing. Counts are tokens: ``num_computed`` leading tokens
 have K/V in the cache; ``emitted_ids`` have reached the caller as text. Phase 5 of a step is
 :func:`accept_token` per sampled token, :func:`finish_text` when a sample ends, :func:`request_output`.
@@ -13,21 +14,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection
-from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.engine.logprobs import SampleLogprobs, take_logprobs, take_prompt_logprobs
-from servelab.ledger import Usage
-from servelab.metrics import RequestTiming
+from servelab.engine.logprobs import SampleLogprobs, TokenLogprob, take_logprobs, take_prompt_logprobs
+from servelab.lifecycle.ledger import Usage
+from servelab.metrics.latency import RequestTiming
 from servelab.sampling.params import SamplingParams
-from servelab.streaming import StopStringBuffer
-
-if TYPE_CHECKING:
-    from servelab.engine.logprobs import TokenLogprob
-    from servelab.engine.request import EngineRequest
+from servelab.sampling.stop_strings import StopStringBuffer
 
 
 class SeqStatus(enum.Enum):
@@ -54,7 +49,7 @@ class Sequence:
     """One sample of a request: what the scheduler, the model runner and output processing share."""
 
     seq_id: str
-    request: "EngineRequest"
+    request: EngineRequest
     index: int  # which of the request's n samples (sample i is seeded with seed + i)
     prompt_ids: list[int]
     params: SamplingParams
@@ -121,6 +116,23 @@ class Sequence:
     def remaining_tokens(self) -> int:
         """Tokens it may still generate under ``max_tokens``."""
         return self.params.max_tokens - len(self.output_ids)
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """One request: its samples' sequences. Before the fork only ``seqs[0]`` is scheduled; it holds a
+    batch slot for every sibling. ``seqs`` is emptied when the request ends (``LLMEngine._end``), so the
+    request and its sequences do not keep each other alive."""
+
+    request_id: str
+    seqs: list[Sequence] = field(default_factory=list)
+    forked: bool = False
+    finish_reason: str | None = None
+
+    @property
+    def seq(self) -> Sequence:
+        """Sample 0's sequence: the one scheduled before the fork, the only one when n == 1."""
+        return self.seqs[0]
 
 
 class IncrementalDetokenizer:
@@ -253,7 +265,7 @@ def finish_text(seq: Sequence, reason: str, now: float) -> None:
     seq.times.finish = now
 
 
-def request_output(request_id: str, seqs: SequenceOf[Sequence], finish_reason: str | None) -> RequestOutput:
+def request_output(request_id: str, seqs: list[Sequence], finish_reason: str | None) -> RequestOutput:
     """The request's output for this step; hands out (and clears) each sample's pending delta."""
     finished = finish_reason is not None
     first = seqs[0]
@@ -270,7 +282,7 @@ def request_output(request_id: str, seqs: SequenceOf[Sequence], finish_reason: s
     return output
 
 
-def usage(seqs: SequenceOf[Sequence]) -> Usage:
+def usage(seqs: list[Sequence]) -> Usage:
     """The request's token counts so far, summed over its samples (a finished sample counts what it
     held when it finished)."""
     first = seqs[0]

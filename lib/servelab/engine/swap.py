@@ -1,9 +1,10 @@
-"""Swapping: host swap space, where a sequence preempted by swap keeps its KV, and the scheduler's swaps.
+"""Host swap space, where a sequence preempted by swap keeps its KV.
 
-Only ``EngineConfig(preemption_mode="swap")`` under KV pressure uses it: :func:`swap_out` copies a
-victim's computed blocks here, :func:`swap_in` (called by a tick while something is swapped out) writes
-them into fresh device blocks, and a swapped sequence that ends drops its copy (``Scheduler.release``).
-No ordinary step touches it.
+Only ``EngineConfig(preemption_mode="swap")`` under KV pressure uses it: ``Scheduler.swap_out`` copies a
+victim's computed blocks here, ``Scheduler.swap_in`` (called by a tick while something is swapped out)
+writes them into fresh device blocks, and a swapped sequence that ends drops its copy
+(``Scheduler.release``). The scheduler owns the queues, so the swaps that move sequences between them are
+its methods; this module holds only the host copies. No ordinary step touches it.
 
 System boundary: host tensors, counted in blocks of the device pool (``EngineConfig.swap_space_bytes``
 divided by the bytes of one block, all layers, K and V).
@@ -15,14 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.engine.sequence import SeqStatus
-from servelab.kv.arithmetic import blocks_for
-
 if TYPE_CHECKING:
     from servelab.engine.config import EngineConfig
-    from servelab.engine.model_runner import KVCache
-    from servelab.engine.scheduler import Scheduler, SchedulerOutput
-    from servelab.engine.sequence import Sequence
+    from servelab.engine.kv_cache import KVCache
 
 
 class HostSwapSpace:
@@ -68,41 +64,3 @@ def host_swap_space(config: "EngineConfig", cache: "KVCache", bytes_per_block: i
     and V), or None when that is not one block; used only under ``preemption_mode="swap"``."""
     blocks = config.swap_space_bytes // bytes_per_block
     return HostSwapSpace(blocks, cache) if blocks else None
-
-
-def swap_out(scheduler: "Scheduler", seq: "Sequence", out: "SchedulerOutput") -> bool:
-    """Preempt ``seq`` (already out of the running queue and its batch slots) by swap: copy its computed KV
-    to host memory, free its device blocks and queue it as swapped. False, nothing done, when it has no
-    computed KV, or there is no host swap space or not enough of it left."""
-    space, computed = scheduler.swap_space, blocks_for(seq.num_computed, scheduler.config.block_size)
-    if space is None or not computed:
-        return False
-    if not space.store(seq.seq_id, scheduler.allocator.block_table(seq.seq_id)[:computed]):
-        return False
-    scheduler.allocator.free(seq.seq_id)
-    seq.status = SeqStatus.SWAPPED
-    scheduler.swapped.append(seq)
-    out.swapped_out.append(seq.seq_id)
-    return True
-
-
-def swap_in(scheduler: "Scheduler", out: "SchedulerOutput") -> None:
-    """One tick's swap-ins: bring swapped sequences (not paused ones) back while batch slots and blocks
-    allow, best-ranked first; each gets fresh blocks (``BlockAllocator.restore``) its host copy is written
-    into, and rejoins the running queue."""
-    scheduler.swapped.sort(key=scheduler.key)
-    for seq in [s for s in scheduler.swapped if not s.paused]:
-        if scheduler.slots.available < seq.batch_slots:
-            return
-        if not scheduler.allocator.reserve(seq.seq_id, blocks_for(seq.num_tokens, scheduler.config.block_size)):
-            return  # its KV plus the slots of its next chunk
-        scheduler.slots.acquire(seq.seq_id, seq.batch_slots)
-        blocks = scheduler.allocator.restore(seq.seq_id, seq.num_computed, seq.token_ids[:seq.num_computed],
-                                             namespace=seq.namespace)
-        scheduler.allocator.release_reservation(seq.seq_id)
-        scheduler.swap_space.restore(seq.seq_id, blocks)
-        scheduler.allocator.mark_computed(seq.seq_id, seq.num_computed)  # the KV is back: offer it to the cache
-        scheduler.swapped.remove(seq)
-        seq.status = SeqStatus.RUNNING
-        scheduler.running.append(seq)
-        out.swapped_in.append(seq.seq_id)

@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from servelab.engine.engine import EngineCore
     from servelab.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
     from servelab.engine.sequence import RequestOutput
     from servelab.kv.allocator import BlockAllocator
@@ -54,14 +53,14 @@ class StepRecord:
 
     @classmethod
     def of_step(cls, step: int, start: float, end: float, sched: "SchedulerOutput", outputs: list["RequestOutput"],
-                engine: "EngineCore") -> "StepRecord":
+                allocator: "BlockAllocator", scheduler: "Scheduler") -> "StepRecord":
         """The record of one step that ran ``sched`` between clock readings ``start`` and ``end`` and
         produced ``outputs``, with the engine's pool and queues as the step left them."""
         record = cls(step=step, start=start)
         for chunk in sched.chunks:
             record.add_chunk(chunk, len(chunk.seq.prompt_ids))
         finished = {o.request_id: o.finish_reason for o in outputs if o.finished}
-        record.close(sched, engine.allocator, engine.scheduler, finished, end)
+        record.close(sched, allocator, scheduler, finished, end)
         return record
 
     def add_chunk(self, chunk: "ScheduledChunk", prompt_len: int) -> None:

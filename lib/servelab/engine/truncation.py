@@ -19,7 +19,7 @@ from servelab.sampling.params import SamplingParams
 from servelab.sampling.reference import MASS_TOLERANCE
 
 if TYPE_CHECKING:
-    from servelab.engine.sampler import SamplingRow
+    from servelab.engine.sampling_row import SamplingRow
 
 __all__ = ["FILTERS", "apply_filters"]
 

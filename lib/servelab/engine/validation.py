@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from servelab._validate import require_int, require_real, require_type
 from servelab.engine.config import EngineConfig
-from servelab.engine.scheduler import ReservationPolicy
+from servelab.engine.admission import ReservationPolicy
 from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling.params import SamplingParams
 

@@ -10,19 +10,19 @@ the grader draws from an instructor's secret seed (:mod:`servelab.exercises.hidd
 cases' expected values are committed data; the reference solutions that compute them, and the hidden
 cases' expected values, live in the instructor-only package ``servelab_instructor``, which this
 package's wheel does not contain (:mod:`servelab.exercises.expected`).
-``SERVELAB_GRADE_SEED=N python -m servelab.exercises grade SUBMISSIONS_DIR --out grades.csv`` calls every
-student's code in an isolated worker on the hidden cases (:mod:`servelab.exercises.grade`).
+The batch grader that calls every student's code in an isolated worker on the hidden cases is
+instructor-only too: ``SERVELAB_GRADE_SEED=N python -m servelab_instructor.grader grade SUBMISSIONS_DIR``.
 
 ========================  ================================================  ==================================
 checker                   student writes                                    reference built on
 ========================  ================================================  ==================================
 ``check_top_p``           ``top_p(probs, p)``                               ``servelab.sampling.top_p_filter``
 ``check_min_p``           ``min_p(probs, alpha)``                           ``servelab.sampling.min_p_filter``
-``check_stop_buffer``     class ``StopBuffer(stop_strings)``                ``servelab.streaming.StopStringBuffer``
+``check_stop_buffer``     class ``StopBuffer(stop_strings)``                ``servelab.sampling.stop_strings.StopStringBuffer``
 ``check_block_allocator`` class ``Allocator(num_blocks, block_size)``       ``servelab.kv.BlockAllocator``
-``check_batching_tick``   ``tick(running, queue, capacity)``                ``servelab.batching.simulate_batching``
-``check_goodput``         ``goodput(records, ttft, tpot, window)``          ``servelab.metrics.goodput``
-``check_speculative``     ``accept_probability(p, q, token)``, ``residual``  ``servelab.speculative``
+``check_batching_tick``   ``tick(running, queue, capacity)``                ``servelab.scheduling.batching.simulate_batching``
+``check_goodput``         ``goodput(records, ttft, tpot, window)``          ``servelab.metrics.latency.goodput``
+``check_speculative``     ``accept_probability(p, q, token)``, ``residual``  ``servelab.optimizations.speculative``
 ``check_kv_sizing``       ``kv_bytes_per_token(...)``, ``max_requests(...)``  ``servelab.kv``
 ``check_admission``       ``admit(queue, pool_blocks, held, bs, slots)``    ``servelab.kv.BlockAllocator.reserve``
 ``check_paged_attention`` ``paged_attention(q, k_cache, v_cache, table,``   ``torch`` SDPA on contiguous K, V

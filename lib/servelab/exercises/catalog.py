@@ -1,7 +1,7 @@
 """The exercise notebooks, what each asks the student to define, and the checker that grades it.
 
 One :class:`Exercise` per notebook of ``notebooks/exercises/``, keyed by the notebook's stem. The
-batch grader (``python -m servelab.exercises grade``) uses it to know which names to read from a
+batch grader (``python -m servelab_instructor.grader grade``) uses it to know which names to read from a
 student's executed notebook; :func:`worked_example` gives each notebook its worked expected output,
 from the public cases' expected values.
 """
@@ -42,7 +42,7 @@ EXERCISES: dict[str, Exercise] = {e.stem: e for e in (
              ((scheduling.check_batching_tick, ("tick",)),), scheduling.worked_example),
     Exercise("ex05-goodput", "goodput",
              ((metrics.check_goodput, ("goodput",)),), metrics.worked_example,
-             {"servelab.metrics": ["RequestTiming"]}),
+             {"servelab.metrics.latency": ["RequestTiming"]}),
     Exercise("ex06-speculative", "the speculative accept/correct rule",
              ((speculative.check_speculative, ("accept_probability", "residual")),), speculative.worked_example),
     Exercise("ex07-kv-sizing", "KV bytes per token and requests per pool",

@@ -41,7 +41,7 @@ def reference() -> ModuleType:
             "importable here: the servelab wheel students install does not contain the instructor package "
             "servelab_instructor. Grade from a checkout of the course repository after `make setup` (its "
             "editable install puts lib/ on the path), or put the checkout's lib/ on PYTHONPATH "
-            "(PYTHONPATH=path/to/servelab/lib python -m servelab.exercises grade ...)") from None
+            "(PYTHONPATH=path/to/servelab/lib python -m servelab_instructor.grader grade ...)") from None
 
 
 @cache

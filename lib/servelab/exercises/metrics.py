@@ -7,7 +7,7 @@ Student signature::
 
 Goodput is the number of requests that finished inside ``window`` and met both SLOs (TTFT <= ttft_slo,
 and TPOT <= tpot_slo when the request emitted at least two tokens), divided by the window's length:
-requests per second, a rate and never a fraction. The reference is ``servelab.metrics.goodput``.
+requests per second, a rate and never a fraction. The reference is ``servelab.metrics.latency.goodput``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
-from servelab.metrics import RequestTiming, goodput, slo_attainment
+from servelab.metrics.latency import RequestTiming, goodput, slo_attainment
 
 __all__ = ["check_goodput"]
 
@@ -82,7 +82,7 @@ def _compare(fn: Goodput, records: list[RequestTiming], ttft_slo: float, tpot_sl
 
 
 def check_goodput(fn: Goodput, verbose: bool = True, seed: int | None = None) -> CheckResult:
-    """Run the goodput cases (public, or the hidden ones of ``seed``) against ``servelab.metrics.goodput``."""
+    """Run the goodput cases (public, or the hidden ones of ``seed``) against ``servelab.metrics.latency.goodput``."""
     table = GOODPUT_CASES if seed is None else hidden_cases(seed)
     cases = [
         Case(rule, lambda r=records, t=ttft, p=tpot, w=window: _compare(fn, r, t, p, w), points)

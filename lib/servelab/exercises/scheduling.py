@@ -11,14 +11,14 @@ the queue into free slots, (2) lets every running request emit one token, (3) re
 now owe nothing. It returns the new ``running``, the new ``queue`` and the names that finished this
 tick, in running order. The checker compares single ticks with their expected results (written
 here for the public cases, computed by the instructor-only reference for hidden ones), then drives a submission tick by tick and compares completion times with
-``servelab.batching.simulate_batching(..., policy="continuous")``.
+``servelab.scheduling.batching.simulate_batching(..., policy="continuous")``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from servelab.batching import Request, simulate_batching
+from servelab.scheduling.batching import Request, simulate_batching
 from servelab.exercises.expected import reference
 from servelab.exercises.hidden import hidden_rng, renamer
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases

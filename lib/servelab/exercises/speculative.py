@@ -6,7 +6,7 @@ Student signatures (probability vectors over one vocabulary in, a probability or
     def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray: ...
 
 ``p`` is the target's distribution, ``q`` the draft's, ``token`` a draft token drawn from ``q``. The
-reference is ``servelab.speculative`` (``acceptance_probability``, ``residual_distribution``); the
+reference is ``servelab.optimizations.speculative`` (``acceptance_probability``, ``residual_distribution``); the
 public cases' expected values are committed data (:mod:`servelab.exercises.expected`).
 
 Exactness is checked by enumeration, not by sampling: for every pair ``(p, q)`` of a case the

@@ -8,7 +8,7 @@ Student interface (a class)::
         def flush(self) -> str: ...              # end of generation: release what is still held
 
 When a stop string completes, ``push`` returns the text before it and the stream ends (the stop
-string and anything after it are never sent). The reference is ``servelab.streaming.StopStringBuffer``;
+string and anything after it are never sent). The reference is ``servelab.sampling.stop_strings.StopStringBuffer``;
 each case feeds the same chunks to both and compares what comes out after every push.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from servelab.exercises.hidden import hidden_rng
 from servelab.exercises.result import Case, CaseFailure, CheckResult, run_cases
-from servelab.streaming import StopStringBuffer
+from servelab.sampling.stop_strings import StopStringBuffer
 
 __all__ = ["check_stop_buffer"]
 

@@ -31,7 +31,7 @@ import aiohttp
 
 from servelab._validate import require_real
 from servelab.loadgen.workload import RequestSpec
-from servelab.metrics import RequestTiming
+from servelab.metrics.latency import RequestTiming
 
 __all__ = ["Endpoint", "RequestResult", "RunResult", "send_request", "run_open_loop", "run_closed_loop"]
 
@@ -113,7 +113,7 @@ class RequestResult:
         return self.sent_s if self.planned_s is None else self.planned_s
 
     def timing(self, from_planned: bool = True) -> RequestTiming:
-        """This request as a :class:`servelab.metrics.RequestTiming` (successful requests only).
+        """This request as a :class:`servelab.metrics.latency.RequestTiming` (successful requests only).
 
         ``from_planned=False`` measures from the actual send: the naive, coordinated-omission-prone
         view. The client cannot see the server's scheduler, so ``first_scheduled`` is the send instant.

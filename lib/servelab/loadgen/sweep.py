@@ -1,7 +1,7 @@
 """From raw results to a trustworthy report, and a load sweep from idle to saturation.
 
 :func:`summarize` turns one run into percentiles (with their sample sizes), the three throughputs,
-SLO attainment and goodput, all computed by :mod:`servelab.metrics`. It reports the first
+SLO attainment and goodput, all computed by :mod:`servelab.metrics.latency`. It reports the first
 ``warmup_requests`` requests apart (cold start: weight loading, allocator and kernel warm-up), so a
 slow start does not pass for a steady-state tail, and it reports latency both from the planned
 arrival (the honest number) and from the actual send (the naive, coordinated-omission-prone one).
@@ -56,7 +56,7 @@ class SLO:
 class PhaseSummary:
     """One phase (cold start or steady state) of a run.
 
-    Latency dicts map a quantile (50, 90, 99) to a :class:`servelab.metrics.Percentile`, which
+    Latency dicts map a quantile (50, 90, 99) to a :class:`servelab.metrics.latency.Percentile`, which
     carries its sample size and whether that size supports the quantile. ``naive_*`` measure from
     the actual send instead of the plan. ``throughputs`` is None when nothing succeeded; they are
     rates over ``window_s`` = (first arrival, last finish), the drain after the last arrival included.

@@ -2,7 +2,7 @@
 
 A folder holds ``config.json`` and ``model.safetensors`` (a Llama-family model, see
 :mod:`servelab.model.checkpoint`), ``tokenizer.json`` and, for a chat model, a chat template
-(``tokenizer_config.json`` or ``chat_template.jinja``, see :mod:`servelab.chat_template`) and, optionally,
+(``tokenizer_config.json`` or ``chat_template.jinja``, see :mod:`servelab.model.chat_template`) and, optionally,
 ``generation_config.json`` (extra EOS ids, and default sampling settings: see
 :mod:`servelab.model.generation_config`). A Hub id such
 as ``HuggingFaceTB/SmolLM2-135M-Instruct`` is fetched with ``huggingface_hub.snapshot_download`` only
@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from tokenizers import Tokenizer
 
-from servelab.chat_template import ChatTemplate, load_chat_template
+from servelab.model.chat_template import ChatTemplate, load_chat_template
 from servelab.model.checkpoint import default_model_dir, load_checkpoint
 from servelab.model.generation_config import sampling_defaults
 from servelab.model.gguf_file import SMOLLM2_135M, convert_gguf, smollm2_gguf_path

@@ -1,12 +1,11 @@
-"""The interview-question bank, the §9 page renderer and the assignment export for instructors.
+"""§9, the interview-question bank, the page renderer and the design exercise.
 
 ``bank.yaml`` in this package is the single source: ``load_bank()`` validates and reads it, ``render``
-turns it into the book's MyST, ``export`` writes student assignments and answer keys, ``design``
-computes the design exercise's table with ``servelab.capacity``; ``reduction`` holds the split
-reduction that the batch-invariance question quotes (MoE counts come from
-``servelab.roofline.moe``). Command line::
-
-    python -m servelab.questions export --tiers L1,L2 --format notebook,markdown --out DIR
+turns it into the book's MyST, ``design`` computes the design exercise's table with
+``servelab.metrics.capacity``; ``reduction`` holds the split reduction that the batch-invariance
+question quotes (MoE counts come from ``servelab.metrics.roofline.moe``). Assignments and answer
+keys are written by the instructor-only ``python -m servelab_instructor.questions export ...``,
+which is not in the wheel.
 """
 
 from servelab.questions.bank import (

@@ -1,11 +1,11 @@
-"""The multi-tenant assistant design exercise (bank entry D1), computed with ``servelab.capacity``.
+"""The multi-tenant assistant design exercise (bank entry D1), computed with ``servelab.metrics.capacity``.
 
 Every planning input is a field of :class:`DesignAssumptions`, so an instructor or a student changes
 one argument and the whole table follows::
 
     solve_design(DesignAssumptions(per_replica_rate=3.0)).plan.total
 
-Nothing is computed here that ``servelab.capacity`` already computes; this module only wires the
+Nothing is computed here that ``servelab.metrics.capacity`` already computes; this module only wires the
 exercise's assumptions into those functions and lays the results out as a table.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab import capacity
-from servelab.capacity import CostBreakdown, ReplicaPlan
+from servelab.metrics import capacity
+from servelab.metrics.capacity import CostBreakdown, ReplicaPlan
 
 __all__ = ["DesignAssumptions", "DesignResult", "design_rows", "design_table_markdown", "solve_design"]
 

@@ -11,7 +11,7 @@ Two kinds of drafter:
 
 A cycle costs ``verify + k x draft_cost`` (in target forward passes) and advances the **mean
 acceptance length** ``tau = (1 - a^(k+1)) / (1 - a)`` tokens for i.i.d. per-token acceptance ``a``
-(:func:`servelab.capacity.expected_tokens_per_cycle`; engines report ``tau`` as "mean acceptance
+(:func:`servelab.metrics.capacity.expected_tokens_per_cycle`; engines report ``tau`` as "mean acceptance
 length"). At small batch, where a verify pass costs about one decode step, the speed-up over plain
 decoding is ``tau / (verify + k x draft_cost)``.
 
@@ -21,7 +21,7 @@ System boundary: cost ratios stated by the caller (no timing), one sequence, i.i
 from __future__ import annotations
 
 from servelab._validate import require_int, require_real
-from servelab.capacity import expected_tokens_per_cycle
+from servelab.metrics.capacity import expected_tokens_per_cycle
 
 __all__ = ["acceptance_rate_for_length", "cycle_cost", "speedup_over_decode"]
 

@@ -64,7 +64,7 @@ class SamplingParams:
     most likely alternatives (0: the token's own only); ``prompt_logprobs`` the same for every prompt
     token after the first. Both are the raw model's ``log_softmax`` of the logits, before any of the
     processors above (vLLM's default ``logprobs_mode="raw_logprobs"``); None: not computed.
-    ``grammar`` (engine only): a compiled xgrammar grammar (:class:`servelab.grammar.GrammarCompiler`);
+    ``grammar`` (engine only): a compiled xgrammar grammar (:class:`servelab.sampling.grammar.GrammarCompiler`);
     the engine masks every sample's next token to what the grammar allows, after the other processors
     and before temperature, so greedy decoding stays greedy over the allowed tokens.
     """

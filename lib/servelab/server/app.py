@@ -10,7 +10,7 @@ OpenAI API that vLLM and SGLang also serve: ``prompt`` (a string, strings, token
 0-5 alternatives; chat: ``logprobs: true`` + ``top_logprobs`` 0-20) and ``echo`` (completions; with
 ``max_tokens: 0`` it scores the prompt; see :mod:`~servelab.server.logprobs`), structured outputs
 (``response_format`` ``json_object`` / ``json_schema``, vLLM's ``guided_json`` / ``guided_choice`` /
-``guided_regex``; :mod:`servelab.grammar`; a grammar that does not compile is a 400 naming its field), plus one servelab
+``guided_regex``; :mod:`servelab.sampling.grammar`; a grammar that does not compile is a 400 naming its field), plus one servelab
 extension, ``deadline_s`` (seconds; the request ends as timed out when it passes). A field the server
 cannot honour (``tools``, ``suffix``, ...) is refused with a 400, never silently ignored.
 
@@ -57,7 +57,7 @@ from typing import Any
 from aiohttp import web
 
 from servelab.engine import LLMEngine
-from servelab.grammar import SharedCompiler
+from servelab.sampling.grammar import SharedCompiler
 from servelab.sampling import SamplingParams
 from servelab.server.bridge import EngineBridge, EngineFailure, Overloaded, RequestStream
 from servelab.server.config import ServerConfig

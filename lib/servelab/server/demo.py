@@ -28,7 +28,7 @@ from servelab._validate import require_int, require_real
 from servelab.engine import LLMEngine
 from servelab.loadgen import (Endpoint, LengthDistribution, build_workload, histogram_delta, latency_ms,
                               metrics_url, poisson_arrivals, run_open_loop, run_with_metrics)
-from servelab.metrics import percentile
+from servelab.metrics.latency import percentile
 from servelab.server.app import BackgroundServer
 from servelab.server.config import ServerConfig
 

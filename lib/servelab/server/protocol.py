@@ -10,7 +10,7 @@ Accepted ``prompt`` shapes (as OpenAI and vLLM): a string, a list of strings, a 
 list of lists of token ids; each prompt is one engine request, and with ``n`` samples each, choice
 ``index = prompt_i * n + j``. Chat ``content`` is a string or a list of ``{"type": "text", "text": ...}``
 parts. Structured outputs: ``response_format`` (``json_object``, ``json_schema``) or vLLM's ``guided_json``,
-``guided_choice`` and ``guided_regex`` (:mod:`servelab.grammar`). Logprobs (``logprobs``/``top_logprobs``/``echo``) are the raw model's (see
+``guided_choice`` and ``guided_regex`` (:mod:`servelab.sampling.grammar`). Logprobs (``logprobs``/``top_logprobs``/``echo``) are the raw model's (see
 :class:`~servelab.sampling.SamplingParams`). ``logit_bias`` maps token ids (JSON object keys, so strings) to a bias in [-100, 100] added to
 the logits before sampling. A ``temperature`` below 1e-5 samples greedily (vLLM's rule; dividing the
 logits by a subnormal temperature would overflow them). ``temperature``, ``top_p``, ``top_k``, ``min_p``
@@ -28,13 +28,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from servelab.grammar import GrammarSpec
+from servelab.sampling.grammar import GrammarSpec
 from servelab.sampling import SamplingParams
 from servelab.server.config import ServerConfig
 from servelab.server.gate import Rejection
 
 if TYPE_CHECKING:
-    from servelab.chat_template import ChatTemplate
+    from servelab.model.chat_template import ChatTemplate
 
 __all__ = ["ParsedRequest", "parse_json", "json_depth", "parse_request", "render_chat", "chat_prompt", "MAX_JSON_DEPTH"]
 

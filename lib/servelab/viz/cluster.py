@@ -1,7 +1,7 @@
 """Figures of the cluster chapter (§6): routing under load, TP, PP, EP, disaggregation, multi-LoRA.
 
-Every builder draws numbers computed by :mod:`servelab.cluster`, :mod:`servelab.adapters` or
-:mod:`servelab.routing` and returns a ``plotly.graph_objects.Figure`` (pass it to ``servelab.viz.show``).
+Every builder draws numbers computed by :mod:`servelab.cluster`, :mod:`servelab.cluster.adapters` or
+:mod:`servelab.cluster.routing` and returns a ``plotly.graph_objects.Figure`` (pass it to ``servelab.viz.show``).
 Builders meant for sliders take one state and keep the same traces for every state, as
 :func:`servelab.viz.core.slider_figure` requires.
 """
@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from servelab import prose
-from servelab.adapters import AdapterSimResult
+from servelab.cluster.adapters import AdapterSimResult
 from servelab.cluster import (
     Accelerator,
     TPStep,
@@ -22,8 +22,8 @@ from servelab.cluster import (
     pipeline_schedule,
     pp_bubble_fraction,
 )
-from servelab.roofline import ModelShape
-from servelab.routing import RoutingResult
+from servelab.metrics.roofline import ModelShape
+from servelab.cluster.routing import RoutingResult
 
 __all__ = [
     "adapter_capacity_figure",

@@ -1,8 +1,8 @@
 """Figures and the troubleshooting table of the chapter on combining optimizations (§7).
 
-What is drawn comes from the library: distributions from :mod:`servelab.speculative`, per-cycle
-records from :func:`servelab.speculative.speculative_generate`, the speculative arithmetic from
-:mod:`servelab.capacity`, and the timings the chapter notebook measures. This module only arranges
+What is drawn comes from the library: distributions from :mod:`servelab.optimizations.speculative`, per-cycle
+records from :func:`servelab.optimizations.speculative.speculative_generate`, the speculative arithmetic from
+:mod:`servelab.metrics.capacity`, and the timings the chapter notebook measures. This module only arranges
 them; every builder returns a ``plotly.graph_objects.Figure`` (pass it to ``servelab.viz.show``).
 
 :data:`TROUBLESHOOTING` is the chapter's "production symptom -> where to look -> what to measure"
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import plotly.graph_objects as go
 
-from servelab.capacity import expected_tokens_per_cycle, speculative_time_per_token
-from servelab.speculative import CycleRecord
+from servelab.metrics.capacity import expected_tokens_per_cycle, speculative_time_per_token
+from servelab.optimizations.speculative import CycleRecord
 from servelab.viz.core import Table, table
 
 __all__ = [
@@ -74,7 +74,7 @@ def speculative_cost_figure(acceptance_rate: float = 0.7, draft_ms_per_token: fl
     """Milliseconds per emitted token against draft length ``k`` (1..``max_k``), from the capacity model.
 
     One cycle costs ``k * draft_ms_per_token + verify_ms`` and advances the expected
-    ``(1 - a^(k+1)) / (1 - a)`` tokens (``servelab.capacity``: i.i.d. acceptance ``a``); the dashed line
+    ``(1 - a^(k+1)) / (1 - a)`` tokens (``servelab.metrics.capacity``: i.i.d. acceptance ``a``); the dashed line
     is plain decoding at ``baseline_ms`` per token. Below the line speculation pays.
     """
     if max_k < 1:

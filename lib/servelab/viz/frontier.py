@@ -3,7 +3,7 @@ goodput search, MoE weight reads per decode step, KV offload tiers, draft accept
 ring vs one-shot all-reduce.
 
 Every builder draws numbers computed by the library (:mod:`servelab.bench.goodput_search`,
-:mod:`servelab.roofline.moe`, :mod:`servelab.kv.offload`, :mod:`servelab.capacity`,
+:mod:`servelab.metrics.roofline.moe`, :mod:`servelab.kv.offload`, :mod:`servelab.metrics.capacity`,
 :mod:`servelab.cluster.parallelism`) and returns a ``plotly.graph_objects.Figure``.
 """
 

@@ -2,7 +2,7 @@
 eviction, the prefix-cache timing side channel and cache-aware routing.
 
 Every value drawn comes from the library: pool pictures from ``BlockAllocator.inspect().snapshot()``
-(taken from the engine's own allocator between steps), routing from :mod:`servelab.routing`, and the
+(taken from the engine's own allocator between steps), routing from :mod:`servelab.cluster.routing`, and the
 measured numbers from engine runs the notebook makes. This module only arranges them. All builders return
 a ``plotly.graph_objects.Figure``; pass it to ``servelab.viz.show``.
 """
@@ -14,7 +14,7 @@ from collections.abc import Hashable, Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from servelab.routing import RoutingResult
+from servelab.cluster.routing import RoutingResult
 from servelab.viz.core import slider_figure
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The request state machine, drawn from :mod:`servelab.lifecycle` and never by hand.
+"""The request state machine, drawn from :mod:`servelab.lifecycle.state_machine` and never by hand.
 
 :func:`layout` places the states of ``TRANSITIONS`` by rule: the happy path's non-terminal states
 (:data:`HAPPY_PATH`, checked against ``TRANSITIONS``) form the main row; every other non-terminal
@@ -17,8 +17,8 @@ from enum import Enum
 
 import plotly.graph_objects as go
 
-from servelab.lifecycle import STATE_TABLE, TRANSITIONS, RequestState, StateInfo
-from servelab.reservation_rules import default_policy, default_rule
+from servelab.lifecycle.state_machine import STATE_TABLE, TRANSITIONS, RequestState, StateInfo
+from servelab.lifecycle.reservation_rules import default_policy, default_rule
 from servelab.viz import core
 
 __all__ = ["ADMISSION_STATES", "HAPPY_PATH", "Point", "check_path", "journey_figure", "layout",
@@ -118,7 +118,7 @@ def _guard(state: RequestState, info: StateInfo) -> str:
 
 def state_guard(state: RequestState, table: Mapping[RequestState, StateInfo] = STATE_TABLE) -> str:
     """The guard of ``state`` as the book shows it; an admission state's names what its reservation
-    covers, in the words of :mod:`servelab.reservation_rules` for the default ``EngineConfig``."""
+    covers, in the words of :mod:`servelab.lifecycle.reservation_rules` for the default ``EngineConfig``."""
     return _guard(state, table[state])
 
 

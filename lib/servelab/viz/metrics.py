@@ -1,7 +1,7 @@
 """Figures for the metrics chapter: one request's timeline, a load sweep, the roofline, tail latency.
 
-Every value drawn comes from :mod:`servelab.metrics` (TTFT, ITL, TPOT, throughput, SLO attainment,
-goodput, percentiles) or :mod:`servelab.roofline` (ridge points, prefill/decode costs); this module
+Every value drawn comes from :mod:`servelab.metrics.latency` (TTFT, ITL, TPOT, throughput, SLO attainment,
+goodput, percentiles) or :mod:`servelab.metrics.roofline` (ridge points, prefill/decode costs); this module
 only arranges it. All builders
 return a ``plotly.graph_objects.Figure``; pass it to ``servelab.viz.core.show``.
 """
@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from servelab import metrics as m
-from servelab import roofline
+from servelab.metrics import roofline
 from servelab.viz.core import slider_figure
 
 __all__ = [
@@ -60,7 +60,7 @@ def timeline_figure(timing: m.RequestTiming, *, unit: str = "ms",
     ``token_texts`` (one per emitted token) label the emit markers.
     """
     if not isinstance(timing, m.RequestTiming):
-        raise TypeError(f"timing must be a servelab.metrics.RequestTiming, got {type(timing).__name__}")
+        raise TypeError(f"timing must be a servelab.metrics.latency.RequestTiming, got {type(timing).__name__}")
     if timing.output_tokens < 2:
         raise ValueError("timing must hold at least two emitted tokens to show ITL and TPOT")
     k = _scale(unit)
@@ -264,8 +264,8 @@ def roofline_phase_figure(device: tuple[str, float, float], workloads: Workloads
     """One device's roof with every workload's prefill (square) and decode (circle) point at ``batch``.
 
     ``device`` is ``(name, peak FLOP/s, bytes/s)``; ``workloads`` maps a model name to
-    ``(ModelShape, prompt_len, context_len)``. Costs come from :func:`servelab.roofline.prefill_cost`
-    and :func:`~servelab.roofline.decode_cost`. ``intensity_range`` fixes the x axis (FLOP/byte), so
+    ``(ModelShape, prompt_len, context_len)``. Costs come from :func:`servelab.metrics.roofline.prefill_cost`
+    and :func:`~servelab.metrics.roofline.decode_cost`. ``intensity_range`` fixes the x axis (FLOP/byte), so
     the frames of a slider share one axis.
     """
     name, peak, bandwidth = device
@@ -306,7 +306,7 @@ def latency_percentile_figure(samples: Mapping[str, Sequence[float]],
                               quantiles: Sequence[float] = (50, 90, 99), *, unit: str = "ms") -> go.Figure:
     """Grouped bars: the same quantiles of several latency samples (seconds in, ``unit`` shown).
 
-    Each bar's hover gives the sample size that :func:`servelab.metrics.percentile` reports.
+    Each bar's hover gives the sample size that :func:`servelab.metrics.latency.percentile` reports.
     """
     if not samples:
         raise ValueError("samples must name at least one latency sample")

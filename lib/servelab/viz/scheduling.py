@@ -2,7 +2,7 @@
 runs, one engine tick laid out in the eight steps of a scheduler iteration, the chunked-prefill trade-off
 and the admission limits.
 
-Inputs are the library's own records: ``servelab.batching.TickRecord`` lists and ``IterationTrace``
+Inputs are the library's own records: ``servelab.scheduling.batching.TickRecord`` lists and ``IterationTrace``
 objects from the simulations, ``servelab.engine.StepRecord`` lists from ``LLMEngine.trace``. This module
 only arranges them; every builder returns a ``plotly.graph_objects.Figure`` (or a
 :class:`servelab.viz.core.Table`) for ``servelab.viz.show``.
@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from servelab import prose
-from servelab.batching import IterationTrace, TickRecord
+from servelab.scheduling.batching import IterationTrace, TickRecord
 from servelab.engine.trace import StepRecord
 from servelab.viz.core import Table, table
 

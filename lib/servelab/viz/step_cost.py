@@ -1,7 +1,7 @@
 """The §7 bottleneck-migration figure: decode step time and time per sequence against batch size.
 
-Draws what :func:`servelab.step_cost.measure_decode_step` measured and the line
-:func:`servelab.step_cost.fit_step_cost` fitted; returns a ``plotly.graph_objects.Figure`` (pass it to
+Draws what :func:`servelab.optimizations.step_cost.measure_decode_step` measured and the line
+:func:`servelab.optimizations.step_cost.fit_step_cost` fitted; returns a ``plotly.graph_objects.Figure`` (pass it to
 ``servelab.viz.show``).
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from servelab.step_cost import StepCostFit
+from servelab.optimizations.step_cost import StepCostFit
 
 __all__ = ["step_cost_figure"]
 

@@ -1,0 +1,90 @@
+"""Admission: the KV blocks a request is promised when the scheduler admits it, under each rule.
+
+The scheduler holds one :class:`ReservationPolicy`; the default, ``"on-demand"`` (as vLLM), is that class
+itself. :class:`UpFrontReservation` is the other rule (as TGI): a running request is never preempted, at
+the price of blocks promised (and idle) from admission to the end. :func:`reservation_policy` builds the
+rule ``EngineConfig.reservation_policy`` names; the rules in words, for the book, are
+:mod:`servelab.lifecycle.reservation_rules`. Units: blocks of ``block_size`` token slots; tokens for
+lengths.
+"""
+
+from __future__ import annotations
+
+from servelab.engine.config import RESERVATION_POLICIES
+from dataclasses import dataclass
+from typing import ClassVar
+
+from servelab.engine.sequence import Sequence
+from servelab.kv.allocator import BlockAllocator
+from servelab.kv.arithmetic import blocks_for
+
+__all__ = ["ReservationPolicy", "UpFrontReservation", "RESERVATIONS", "reservation_policy"]
+
+
+@dataclass(frozen=True)
+class ReservationPolicy:
+    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised. This
+    class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output grows block
+    by block and a decode that finds the pool empty preempts (``"up-front"``: :class:`UpFrontReservation`).
+    Two phases: :meth:`admit` reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of
+    it, :meth:`keep_output_promise` leaves the output's promise reserved. Units: blocks of ``block_size``
+    token slots; ``max_model_len`` in tokens (None: no cap)."""
+
+    block_size: int
+    max_model_len: int | None = None
+    name: ClassVar[str] = "on-demand"
+    preempts: ClassVar[bool] = True  # running requests may be preempted for KV
+
+    def output_blocks(self, num_tokens: int, remaining_tokens: int, samples: int) -> int:
+        """Blocks promised for the output beyond those of the ``num_tokens`` already there: none."""
+        return 0
+
+    def worst_case_blocks(self, prompt_tokens: int, max_tokens: int, samples: int) -> int:
+        """Most blocks one request may hold or be promised at once (more than the pool: it never runs)."""
+        return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
+
+    def admit(self, allocator: BlockAllocator, seq: Sequence) -> bool:
+        """Phase 1: reserve the uncached prompt blocks plus the output promise; False (nothing reserved)
+        when the unreserved headroom is too small."""
+        need = allocator.num_blocks_to_allocate(seq.token_ids, seq.namespace)
+        return allocator.reserve(seq.seq_id, need + self.output_blocks(seq.num_tokens, seq.remaining_tokens,
+                                                                       seq.batch_slots))
+
+    def keep_output_promise(self, allocator: BlockAllocator, seq: Sequence) -> None:
+        """Phase 2, once the prompt blocks are allocated: keep reserved exactly the output's promise."""
+        allocator.release_reservation(seq.seq_id)
+        allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots))
+
+    def _capped(self, tokens: int) -> int:
+        return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
+
+
+class UpFrontReservation(ReservationPolicy):
+    """``"up-front"`` (as TGI): admission also reserves the blocks of ``max_tokens`` more tokens per sample
+    (capped at ``max_model_len``), plus a copy-on-write block each when ``n > 1`` samples share a partly
+    filled prompt tail, so a running request never meets an empty pool."""
+
+    name = "up-front"
+    preempts = False
+
+    def output_blocks(self, num_tokens: int, remaining_tokens: int, samples: int) -> int:
+        """Blocks promised for ``remaining_tokens`` more tokens per sample beyond the ``num_tokens`` there."""
+        final = self._capped(num_tokens + remaining_tokens)
+        cow = 1 if samples > 1 and num_tokens % self.block_size else 0
+        return samples * (blocks_for(final, self.block_size) - blocks_for(num_tokens, self.block_size) + cow)
+
+    def worst_case_blocks(self, prompt_tokens: int, max_tokens: int, samples: int) -> int:
+        """The prompt's blocks plus the whole output promise, held at once from admission."""
+        return blocks_for(prompt_tokens, self.block_size) + self.output_blocks(prompt_tokens, max_tokens, samples)
+
+
+RESERVATIONS: dict[str, type[ReservationPolicy]] = {"on-demand": ReservationPolicy, "up-front": UpFrontReservation}
+assert tuple(RESERVATIONS) == RESERVATION_POLICIES
+
+
+def reservation_policy(name: str, block_size: int, max_model_len: int | None = None) -> ReservationPolicy:
+    """The rule called ``name`` (one of :data:`~servelab.engine.config.RESERVATION_POLICIES`) for a pool of
+    ``block_size``-token blocks and a context limit of ``max_model_len`` tokens (None: no cap)."""
+    if name not in RESERVATIONS:
+        raise ValueError(f"reservation_policy must be one of {RESERVATION_POLICIES}, got {name!r}")
+    return RESERVATIONS[name](block_size, max_model_len)
