@@ -7,9 +7,9 @@ a test holds it to the packages that exist and to what each chapter's notebook i
 Chapters:
 
   §0  lifecycle      the request state machine: states, guards, one reclaim, the ledger
-  §1  server         HTTP to token stream: the OpenAI-compatible server, its gate, bridge and cold start
+  §1  server         HTTP to token stream: the OpenAI-compatible server, gate, bridge, cold start
   §2  metrics        latency metrics and goodput, the roofline, capacity arithmetic, simulated load
-  §3  sampling       logits to a token: the sampling stages, stop strings, constrained and grammar masks
+  §3  sampling       logits to a token: sampling stages, stop strings, constrained and grammar masks
   §4  kv             the KV cache: bytes, blocks, the allocator, prefix caching, eviction
   §5  scheduling     batching, queue order and the queueing disciplines, as tick simulations
   §6  cluster        replicas and routing, parallelism, disaggregation, multi-LoRA adapters
@@ -18,9 +18,10 @@ Chapters:
   §9  questions      the interview-question bank and the design exercise
   §A  checks         the sanity checks, one line each, a module: python -m servelab.checks
 
-Beside the chapters: ``model`` (the course's tiny Llama, its tokenizer and checkpoints), ``viz`` (one
-function per figure), ``loadgen`` (a load generator for any OpenAI-compatible endpoint), ``bench`` (the
-engine measured from outside) and ``exercises`` (the exercise notebooks' checkers); and three plain
+Beside the chapters: ``model`` (the course's tiny Llama, its tokenizer and checkpoints), ``viz``
+(one function per figure), ``loadgen`` (a load generator for any OpenAI-compatible endpoint),
+``bench`` (the engine measured from outside) and ``exercises`` (the exercise notebooks' checkers);
+and three plain
 modules, ``device`` (the one device rule), ``prose`` (data written as words) and ``_validate``
 (argument checks).
 """

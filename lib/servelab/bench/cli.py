@@ -1,7 +1,7 @@
-"""``python -m servelab.bench``: the command line of the engine benchmark and of the decode-floor run.
+"""``python -m servelab.bench``: the command line of the engine benchmark and the decode-floor run.
 
-It sits above both (:mod:`servelab.bench.engine_bench`, :mod:`servelab.bench.decode_floor`, which builds
-on the benchmark), so neither imports the other back.
+It sits above both (:mod:`servelab.bench.engine_bench`, :mod:`servelab.bench.decode_floor`, which
+builds on the benchmark), so neither imports the other back.
 """
 
 from __future__ import annotations

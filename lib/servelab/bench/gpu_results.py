@@ -1,8 +1,9 @@
-"""The prepared GPU check's result, read back: its schema, its validation and the §5 table built from it.
+"""The prepared GPU check's result, read back: its schema, its validation and the §5 table from it.
 
-The check itself (``bash tools/gpu_check.sh``, the code in ``tools/gpu_check.py``) runs once on a CUDA
-GPU and writes one JSON, by default ``lib/servelab/data/engine_bench_gpu.json``; this module is the half a
-notebook needs: :func:`gpu_table` is the table of a committed result, or None while there is none.
+The check itself (``bash tools/gpu_check.sh``, the code in ``tools/gpu_check.py``) runs once on a
+CUDA GPU and writes one JSON, by default ``lib/servelab/data/engine_bench_gpu.json``; this module is
+the half a notebook needs: :func:`gpu_table` is the table of a committed result, or None while there
+is none.
 
 System boundary: a file on disk; no device is touched here.
 """

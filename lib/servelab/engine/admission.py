@@ -1,11 +1,11 @@
 """Admission: the KV blocks a request is promised when the scheduler admits it, under each rule.
 
-The scheduler holds one :class:`ReservationPolicy`; the default, ``"on-demand"`` (as vLLM), is that class
-itself. :class:`UpFrontReservation` is the other rule (as TGI): a running request is never preempted, at
-the price of blocks promised (and idle) from admission to the end. :func:`reservation_policy` builds the
-rule ``EngineConfig.reservation_policy`` names; the rules in words, for the book, are
-:mod:`servelab.lifecycle.reservation_rules`. Units: blocks of ``block_size`` token slots; tokens for
-lengths.
+The scheduler holds one :class:`ReservationPolicy`; the default, ``"on-demand"`` (as vLLM), is that
+class itself. :class:`UpFrontReservation` is the other rule (as TGI): a running request is never
+preempted, at the price of blocks promised (and idle) from admission to the end.
+:func:`reservation_policy` builds the rule ``EngineConfig.reservation_policy`` names; the rules in
+words, for the book, are :mod:`servelab.lifecycle.reservation_rules`. Units: blocks of
+``block_size`` token slots; tokens for lengths.
 """
 
 from __future__ import annotations

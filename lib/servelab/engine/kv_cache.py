@@ -1,8 +1,9 @@
-"""The paged KV pool: one preallocated K and one V tensor of physical blocks, shared by every sequence.
+"""The paged KV pool: one preallocated K and one V tensor of physical blocks, shared by all sequences.
 
-A module of its own, below the model runner that attends through it (:mod:`servelab.engine.model_runner`)
-and the host swap space that copies blocks out of it (:mod:`servelab.engine.swap`). Which blocks a
-sequence owns is the allocator's decision (:mod:`servelab.kv.allocator`); this holds only the tensors.
+A module of its own, below the model runner that attends through it
+(:mod:`servelab.engine.model_runner`) and the host swap space that copies blocks out of it
+(:mod:`servelab.engine.swap`). Which blocks a sequence owns is the allocator's decision
+(:mod:`servelab.kv.allocator`); this holds only the tensors.
 System boundary: device tensors ``[layers, kv_heads, num_blocks, block_size, head_dim]``.
 """
 

@@ -1,9 +1,9 @@
-"""The engine's reading order: the files one default ``LLMEngine.step`` walks through, in the order a reader
-meets them, with what to read in each.
+"""The engine's reading order: the files one default ``LLMEngine.step`` walks through, in the order
+a reader meets them, with what to read in each.
 
-The book's architecture page renders it as a table with each file's length (``book/_ext/course_map.py``),
-and §8 counts the lines from it, so the walk cannot drift from the code: a name listed here that no longer
-exists fails the build.
+The book's architecture page renders it as a table with each file's length
+(``book/_ext/course_map.py``), and §8 counts the lines from it, so the walk cannot drift from the
+code: a name listed here that no longer exists fails the build.
 """
 
 from __future__ import annotations

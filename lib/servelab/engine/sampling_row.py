@@ -1,4 +1,4 @@
-"""One request's inputs to one sampling step: the record the batched sampler and each of its stages read.
+"""One request's inputs to one sampling step, read by the batched sampler and each of its stages.
 
 A module of its own, below the sampler (:mod:`servelab.engine.sampler`) and its stages
 (:mod:`~servelab.engine.logits_processors`, :mod:`~servelab.engine.structured`,

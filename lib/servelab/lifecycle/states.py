@@ -1,8 +1,9 @@
 """The words of the state machine: every state a request can be in, and every resource it can own.
 
-A module of its own so that the state machine (:mod:`servelab.lifecycle.state_machine`), the ledger
-that records each ending (:mod:`servelab.lifecycle.ledger`) and the engine share them without importing
-each other. System boundary: names only; what each state means and allows is the state machine's.
+A module of its own so that the state machine (:mod:`servelab.lifecycle.state_machine`), the
+ledger that records each ending (:mod:`servelab.lifecycle.ledger`) and the engine share them
+without importing each other. System boundary: names only; what each state means and allows is
+the state machine's.
 """
 
 from __future__ import annotations

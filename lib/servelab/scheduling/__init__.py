@@ -4,8 +4,8 @@
   batching, queue-policy fairness and its remedies, chunked vs unchunked prefill);
 * :mod:`servelab.scheduling.queue_policy`: queue order, one interface for the engine's scheduler and
   the simulators (FCFS and :func:`~servelab.scheduling.queue_policy.rank_waiting`);
-* :mod:`servelab.scheduling.queue_disciplines`: priority classes, shortest job first, SJF with aging,
-  per-tenant fair queuing.
+* :mod:`servelab.scheduling.queue_disciplines`: priority classes, shortest job first, SJF with
+  aging, per-tenant fair queuing.
 
 The engine's own scheduler, which runs these orders every step, is :mod:`servelab.engine.scheduler`.
 """

@@ -1,5 +1,5 @@
-"""Assignments from the question bank (:mod:`servelab.questions`): a student version and an answer key.
+"""Assignments from the question bank (:mod:`servelab.questions`): student version and answer key.
 
-``python -m servelab_instructor.questions export --tiers L1,L2 --format notebook,markdown --out DIR``
+``python -m servelab_instructor.questions export --tiers L1,L2 --format notebook --out DIR``
 (:mod:`~servelab_instructor.questions.export`). Instructor-only: not in the wheel.
 """
