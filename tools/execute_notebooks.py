@@ -14,7 +14,9 @@ The book never uses these saved outputs: it executes every notebook again while 
 
 Every notebook of one invocation reads one machine profile (:mod:`servelab.bench.machine`):
 ``$SERVELAB_MACHINE_PROFILE`` if set, else ``_build/machine-profile.json``, measured first if it is
-missing (``--fresh-profile`` measures it again), so the committed notebooks name one machine.
+missing (``--fresh-profile`` measures it again), so the committed notebooks name one machine. A run
+that writes notebooks back copies that profile to ``notebooks/machine-profile.json``, the record of
+the machine the committed outputs came from (the README points there).
 
 Each notebook runs in a process of its own under a hard wall-clock limit (``--limit``, enforced from
 outside it by :func:`servelab.nbrun.run_notebook`): a notebook that hangs is killed, kernel and all,
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sync_notebooks import render, setup_source, synced  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+COMMITTED_PROFILE = ROOT / "notebooks" / "machine-profile.json"
 PLOTLY_JSON = "application/vnd.plotly.v1+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -115,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"     - {problem}")
         failed += bool(problems)
+    if not args.dry_run and len(args.notebooks) > failed:
+        shutil.copyfile(profile, COMMITTED_PROFILE)
     return 1 if failed else 0
 
 
