@@ -1,14 +1,18 @@
 """The built book's measured claims: one machine profile, verdicts inside their bands, sane fits.
 
-The rules (:mod:`servelab.bench.claims`) are checked on crafted pages that break each one, and on the
-built book in ``_build/html`` (``SERVELAB_HTML_DIR``) when it is there, against the build's machine
-profile (``_build/machine-profile.json``) when that is there too.
+The rules (:mod:`servelab.bench.claims`) are checked on crafted pages that break each one; on the
+committed sources (every chapter with its glued values filled in from the committed notebooks, and
+every notebook's printed outputs) against the profile those notebooks ran with
+(``notebooks/machine-profile.json``); and on the built book in ``_build/html`` (``SERVELAB_HTML_DIR``)
+when it is there, against that build's profile (``_build/machine-profile.json``).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,8 @@ from servelab.bench.timing import compare_ratios
 ROOT = Path(__file__).resolve().parent.parent
 HTML_DIR = Path(os.environ.get("SERVELAB_HTML_DIR", ROOT / "_build" / "html"))
 PROFILE = HTML_DIR.parent / "machine-profile.json"
+COMMITTED_PROFILE = ROOT / "notebooks" / "machine-profile.json"
+GLUE_TEXT = re.compile(r"\{glue:text\}`\.\./notebooks/([\w./-]+\.ipynb)::(\w+):([^`]*)`")
 SKIPPED = {"_static", "_sources", "_images"}
 
 
@@ -74,10 +80,10 @@ def _built_pages() -> dict[str, str]:
             for p in sorted(HTML_DIR.rglob("*.html")) if not SKIPPED.intersection(p.relative_to(HTML_DIR).parts)}
 
 
-def _profile_values() -> dict[str, float] | None:
-    if not PROFILE.is_file():
+def _profile_values(path: Path = PROFILE) -> dict[str, float] | None:
+    if not path.is_file():
         return None
-    data = json.loads(PROFILE.read_text())
+    data = json.loads(path.read_text())
     return {"read bandwidth (GB/s)": data["read_bandwidth"] / 1e9,
             "fp32 matmul peak (GFLOP/s)": data["peak_flops"]["float32"] / 1e9,
             "bf16 matmul peak (GFLOP/s)": data["peak_flops"]["bfloat16"] / 1e9,
@@ -88,4 +94,52 @@ def _profile_values() -> dict[str, float] | None:
 def test_built_book_states_one_truth():
     pages = _built_pages()
     found = profile_violations(pages, _profile_values()) + verdict_violations(pages) + fit_violations(pages)
+    assert found == [], "\n".join(found)
+
+
+def _glued(notebook: Path) -> dict[str, object]:
+    """The values a committed notebook publishes, by name."""
+    values = {}
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        for output in cell.get("outputs", []):
+            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+            text = output.get("data", {}).get("application/papermill.record/text/plain")
+            if name and text:
+                try:
+                    values[name] = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    values[name] = text
+    return values
+
+
+def _printed(notebook: Path) -> str:
+    """What a committed notebook's cells print (streams and plain-text results)."""
+    parts = []
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        for output in cell.get("outputs", []):
+            parts.append("".join(output.get("text", "")))
+            parts.append("".join(output.get("data", {}).get("text/plain", "")))
+    return page_text(" ".join(parts))
+
+
+def _chapter_with_values(page: Path, cache: dict[str, dict]) -> str:
+    """A chapter's text with each ``{glue:text}`` replaced by its committed value, formatted."""
+    def value(match: re.Match) -> str:
+        notebook, name, spec = match.groups()
+        values = cache.setdefault(notebook, _glued(ROOT / "notebooks" / notebook))
+        if name not in values:
+            return match.group(0)
+        try:
+            return format(values[name], spec)
+        except (TypeError, ValueError):
+            return str(values[name])
+    return page_text(GLUE_TEXT.sub(value, page.read_text(encoding="utf-8")))
+
+
+def test_committed_sources_state_one_truth():
+    cache: dict[str, dict] = {}
+    pages = {p.name: _chapter_with_values(p, cache) for p in sorted((ROOT / "book").glob("*.md"))}
+    pages |= {p.name: _printed(p) for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
+    profile = _profile_values(COMMITTED_PROFILE)
+    found = profile_violations(pages, profile) + verdict_violations(pages) + fit_violations(pages)
     assert found == [], "\n".join(found)

@@ -13,8 +13,9 @@ wall time, the file size and any problem found:
 The book never uses these saved outputs: it executes every notebook again while it builds.
 
 Every notebook of one invocation reads one machine profile (:mod:`servelab.bench.machine`):
-``$SERVELAB_MACHINE_PROFILE`` if set, else ``_build/machine-profile.json``, measured first if it is
-missing (``--fresh-profile`` measures it again), so the committed notebooks name one machine. A run
+``$SERVELAB_MACHINE_PROFILE`` if set, else ``_build/machine-profile.json``, measured by the first
+notebook that reads it when it is missing (``--fresh-profile`` measures it again), so the committed
+notebooks name one machine. A run
 that writes notebooks back copies that profile to ``notebooks/machine-profile.json``, the record of
 the machine the committed outputs came from (the README points there).
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure this machine's profile again before running")
     args = parser.parse_args(argv)
     profile = Path(os.environ.setdefault(PROFILE_ENV, str(ROOT / "_build" / "machine-profile.json")))
-    if args.fresh_profile or not profile.is_file():
-        subprocess.run([sys.executable, "-m", "servelab.bench.machine", str(profile)], check=True)
+    if args.fresh_profile:
+        profile.unlink(missing_ok=True)  # the first notebook that reads it measures it again
     source = setup_source()
     failed = 0
     for path in args.notebooks:
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"     - {problem}")
         failed += bool(problems)
-    if not args.dry_run and len(args.notebooks) > failed:
+    if not args.dry_run and len(args.notebooks) > failed and profile.is_file():
         shutil.copyfile(profile, COMMITTED_PROFILE)
     return 1 if failed else 0
 
