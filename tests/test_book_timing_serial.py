@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -61,3 +62,24 @@ def test_timing_mark_is_read_from_metadata(metadata, expected):
     nb = nbformat.v4.new_notebook()
     nb.metadata.update(metadata)
     assert servelab_book.is_timing_notebook(nb) is expected
+
+
+def test_the_profile_is_measured_once_per_build_and_named_for_the_kernels(tmp_path, monkeypatch):
+    from servelab.bench.machine import PROFILE_ENV
+
+    cache = tmp_path / "_build" / ".jupyter_cache"
+    app = SimpleNamespace(env=SimpleNamespace(mystnb_config=SimpleNamespace(execution_cache_path=str(cache))))
+    calls = []
+
+    def fake_measure(cmd, check):
+        calls.append(cmd)
+        Path(cmd[-1]).parent.mkdir(parents=True, exist_ok=True)
+        Path(cmd[-1]).write_text("{}")
+
+    monkeypatch.setattr("subprocess.run", fake_measure)
+    monkeypatch.delenv(PROFILE_ENV, raising=False)
+    servelab_book.measure_machine_once(app, app.env, [])
+    servelab_book.measure_machine_once(app, app.env, [])  # the build's profile exists: kept
+    path = tmp_path / "_build" / "machine-profile.json"
+    assert os.environ[PROFILE_ENV] == str(path.resolve())
+    assert len(calls) == 1 and calls[0][1:] == ["-m", "servelab.bench.machine", str(path.resolve())]
