@@ -18,6 +18,21 @@ def test_fit_recovers_fixed_and_per_sequence_cost():
     assert fit.knee_batch == pytest.approx(8.0)
 
 
+def test_fit_fixed_part_never_above_the_smallest_step():
+    # a step that grows less than linearly: a free line would start above the 1-sequence step
+    sizes, times = [1, 2, 4, 8, 16, 32], [100.0, 140.0, 170.0, 200.0, 230.0, 270.0]
+    fit = fit_step_cost(sizes, times)
+    assert 0 < fit.fixed <= min(times)
+    assert fit.fixed + fit.per_sequence * 1 == pytest.approx(100.0)  # pinned through the smallest step
+
+
+def test_fit_weighs_points_by_relative_error():
+    # flat, then steep: the few-sequence points are not swamped by the 64-sequence one
+    sizes, times = [1, 2, 4, 8, 16, 32, 64], [10.0, 10.0, 10.0, 10.5, 12.0, 40.0, 150.0]
+    fit = fit_step_cost(sizes, times)
+    assert 5.0 < fit.fixed <= 10.0
+
+
 def test_fit_rejects_degenerate_input():
     with pytest.raises(ValueError, match="distinct batch sizes"):
         fit_step_cost([4, 4], [1.0, 2.0])

@@ -2,7 +2,8 @@
 
 import pytest
 
-from servelab.bench.timing import NO_DIFFERENCE, bootstrap_median_band, compare, compare_ratios
+from servelab.bench.timing import (NO_DIFFERENCE, bootstrap_median_band, compare, compare_ratios,
+                                   time_interleaved)
 
 
 def test_clear_speedup_is_called_faster():
@@ -18,7 +19,7 @@ def test_clear_speedup_is_called_faster():
 def test_slowdown_is_called_slower():
     c = compare_ratios([1.0] * 5, [1.5, 1.6, 1.4, 1.5, 1.55])
     assert c.verdict == "slower"
-    assert "slower" in c.describe("A", "B")
+    assert c.describe("A", "B").startswith("B is 1.50× slower than A (band 1.4")  # factor and band > 1
 
 
 def test_noise_gives_no_verdict():
@@ -57,3 +58,19 @@ def test_bad_arguments_are_named(kwargs, name):
 def test_unpaired_timings_refused():
     with pytest.raises(ValueError, match="paired"):
         compare_ratios([1.0, 1.0, 1.0], [1.0, 1.0])
+
+
+def test_time_interleaved_rotates_the_order_and_pairs_rounds():
+    calls: list[str] = []
+    ticks = iter(range(10_000))
+    runs = {name: (lambda n=name: calls.append(n)) for name in "abc"}
+    times = time_interleaved(runs, repeats=3, warmup=1, clock=lambda: float(next(ticks)))
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab")
+    assert {len(t) for t in times.values()} == {3}
+    assert compare_ratios(times["a"], times["b"]).verdict == NO_DIFFERENCE
+
+
+@pytest.mark.parametrize("kwargs, name", [({"repeats": 2}, "repeats"), ({"warmup": -1}, "warmup")])
+def test_time_interleaved_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        time_interleaved({"a": lambda: None}, **kwargs)

@@ -12,6 +12,13 @@ wall time, the file size and any problem found:
 
 The book never uses these saved outputs: it executes every notebook again while it builds.
 
+Every notebook of one invocation reads one machine profile (:mod:`servelab.bench.machine`):
+``$SERVELAB_MACHINE_PROFILE`` if set, else ``_build/machine-profile.json``, measured by the first
+notebook that reads it when it is missing (``--fresh-profile`` measures it again), so the committed
+notebooks name one machine. A run
+that writes notebooks back copies that profile to ``notebooks/machine-profile.json``, the record of
+the machine the committed outputs came from (the README points there).
+
 Each notebook runs in a process of its own under a hard wall-clock limit (``--limit``, enforced from
 outside it by :func:`nbrun.run_notebook`): a notebook that hangs is killed, kernel and all,
 and reported with the cell it was running.
@@ -25,16 +32,21 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from pathlib import Path
 
 import nbformat
 
+from servelab.bench.machine import PROFILE_ENV
 from nbrun import NotebookRun, run_notebook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sync_notebooks import render, setup_source, synced  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED_PROFILE = ROOT / "notebooks" / "machine-profile.json"
 PLOTLY_JSON = "application/vnd.plotly.v1+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -83,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, default=NOTEBOOK_LIMIT_S,
                         help=f"hard limit per notebook in seconds (default {NOTEBOOK_LIMIT_S})")
     parser.add_argument("--dry-run", action="store_true", help="report only; write nothing back")
+    parser.add_argument("--fresh-profile", action="store_true",
+                        help="measure this machine's profile again before running")
     args = parser.parse_args(argv)
+    profile = Path(os.environ.setdefault(PROFILE_ENV, str(ROOT / "_build" / "machine-profile.json")))
+    if args.fresh_profile:
+        profile.unlink(missing_ok=True)  # the first notebook that reads it measures it again
     source = setup_source()
     failed = 0
     for path in args.notebooks:
@@ -102,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"     - {problem}")
         failed += bool(problems)
+    if not args.dry_run and len(args.notebooks) > failed and profile.is_file():
+        shutil.copyfile(profile, COMMITTED_PROFILE)
     return 1 if failed else 0
 
 

@@ -27,6 +27,9 @@
    fails with a warning naming the notebook and the cell it was running. The notebooks a build will
    execute are started before Sphinx reads the first page, two at a time on a machine with two cores
    or more (``SERVELAB_BOOK_JOBS``; :func:`prefetch_notebooks`): each page then waits only for its own.
+   A notebook whose metadata says ``"servelab": {"timing": true}`` times things: it is started only
+   after every other prefetched notebook has ended, and such notebooks run one at a time, so a
+   timing cell never shares the machine with another notebook.
    A fresh run's checked cells (tag ``nbval-check-output``) must print what the notebook was
    committed with, compared by nbval's rules (:func:`checked_output_differences`; figures and live
    controls aside, which the book renders differently): the clean install checks them whole under
@@ -37,6 +40,10 @@
 11. The chapters count from 0 (the state machine is chapter 0): Sphinx numbers a toctree from 1, so
    after it has assigned section numbers every number's first component is lowered by one. Only the
    "Chapters" part of ``_toc.yml`` is numbered, so every numbered page is a chapter page.
+13. This machine is measured once per build, before any notebook runs
+    (:mod:`servelab.bench.machine`), into ``machine-profile.json`` beside the execution cache; every
+    notebook kernel reads it through ``SERVELAB_MACHINE_PROFILE``, so every page quotes one profile.
+    It is measured again only when the execution cache is dropped (no cached output then quotes it).
 12. The architecture page's chapter -> module map and engine reading order are generated
     (:func:`course_map.with_course_map`): each marker line becomes a table read from the
     chapter notebooks' imports and the engine's files, linked to the source on GitHub at the branch in
@@ -148,6 +155,7 @@ def reread_on_library_change(app: Sphinx, env: BuildEnvironment, added, changed,
     if cache.is_dir():
         LOGGER.info("servelab: lib/ changed, dropping the notebook execution cache %s", cache)
         shutil.rmtree(cache)
+    machine_profile_path(app).unlink(missing_ok=True)
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(current)
     return sorted(env.found_docs)
@@ -413,6 +421,38 @@ def _needs_execution(app: Sphinx, nb) -> bool:
     return False
 
 
+def machine_profile_path(app: Sphinx) -> Path:
+    """This build's machine profile: ``machine-profile.json`` beside the execution cache."""
+    return execution_cache(app).parent / "machine-profile.json"
+
+
+def measure_machine_once(app: Sphinx, env: BuildEnvironment, docnames: list[str]) -> None:
+    """Measure this machine before any notebook runs (in a child process, so the build's own torch
+    settings stay untouched), unless this build's profile exists; name it for every kernel."""
+    import subprocess
+    import sys
+
+    from servelab.bench.machine import PROFILE_ENV
+
+    path = machine_profile_path(app)
+    os.environ[PROFILE_ENV] = str(path)
+    if not path.is_file():
+        subprocess.run([sys.executable, "-m", "servelab.bench.machine", str(path)], check=True)
+
+
+def is_timing_notebook(nb) -> bool:
+    """Whether a notebook's metadata marks it as timing things (``"servelab": {"timing": true}``)."""
+    return bool(nb.metadata.get("servelab", {}).get("timing", False))
+
+
+def _after(waited: list, run, *args):
+    """``run(*args)`` once every future in ``waited`` has ended (whatever its outcome)."""
+    from concurrent.futures import wait
+
+    wait(waited)
+    return run(*args)
+
+
 def prefetch_notebooks(app: Sphinx, env: BuildEnvironment, docnames: list[str]) -> None:
     """Start every notebook that is about to be read and executed, ``SERVELAB_BOOK_JOBS`` at a time
     (default: one per core, at most 2), the slowest first (:func:`nbrun.slowest_first`), so
@@ -426,19 +466,28 @@ def prefetch_notebooks(app: Sphinx, env: BuildEnvironment, docnames: list[str]) 
         return
     from nbrun import slowest_first
 
-    pool = None
+    pool = serial = None
+    shared, timing = [], []
     notebooks = [Path(env.doc2path(docname)) for docname in docnames]
     for path in slowest_first([path for path in notebooks if path.suffix == ".ipynb"]):
         nb = nbformat.read(path, as_version=4)
-        if not _needs_execution(app, nb):
-            continue
+        if _needs_execution(app, nb):
+            (timing if is_timing_notebook(nb) else shared).append((path, nb))
+    for path, nb in shared + timing:
         timeout, allow_errors = _overridden(nb, config.execution_timeout, config.execution_allow_errors)
-        pool = pool or ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="servelab-prefetch")
         key = (str(path.parent.resolve()), code_digest(nb), timeout, allow_errors)
-        PREFETCHED[key] = pool.submit(_run_with_deadline, nb, path.parent, timeout, allow_errors)
-    if pool:
-        _POOL.append(pool)
-        LOGGER.info("servelab: executing %d notebooks, %d at a time", len(PREFETCHED), jobs)
+        args = (nb, path.parent, timeout, allow_errors)
+        if is_timing_notebook(nb):  # alone: after every shared run, one at a time
+            serial = serial or ThreadPoolExecutor(max_workers=1, thread_name_prefix="servelab-timing")
+            others = [PREFETCHED[k] for k in list(PREFETCHED)]
+            PREFETCHED[key] = serial.submit(_after, others, _run_with_deadline, *args)
+        else:
+            pool = pool or ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="servelab-prefetch")
+            PREFETCHED[key] = pool.submit(_run_with_deadline, *args)
+    _POOL.extend(p for p in (pool, serial) if p)
+    if pool or serial:
+        LOGGER.info("servelab: executing %d notebooks, %d at a time, then %d timing ones alone",
+                    len(shared), jobs, len(timing))
 
 
 def stop_prefetching(app: Sphinx, exception: Exception | None) -> None:
@@ -463,6 +512,7 @@ def setup(app: Sphinx) -> dict:
     os.environ["SERVELAB_BOOK_BUILD"] = "1"
     app.connect("config-inited", solutions_switch)
     app.connect("env-get-outdated", reread_on_library_change)
+    app.connect("env-before-read-docs", measure_machine_once, priority=850)  # before any notebook runs
     app.connect("env-before-read-docs", prefetch_notebooks, priority=900)  # after the re-read list is known
     app.connect("source-read", note_glue_sources)
     app.connect("env-get-updated", chapters_from_zero, priority=900)  # after the toctree collector

@@ -8,5 +8,9 @@
   ``bash tools/gpu_check.sh``), and the §5 table made from it;
 * :mod:`~servelab.bench.timing` -- the timing discipline every speed claim uses: A vs B interleaved,
   paired ratios, a bootstrap band, and "faster"/"slower" only when the band leaves 1;
+* :mod:`~servelab.bench.machine` -- this machine's profile (CPU, flags, bandwidth, matmul peaks, one
+  operator's cost, load), measured once per build and read by every page that describes "this machine";
+* :mod:`~servelab.bench.claims` -- the built book's measured claims checked against each other: one
+  value per profile quantity, no speed word inside its band, no fitted fixed part above a measured total;
 * :mod:`~servelab.bench.admission_study` -- both admission rules (reservation policies) on one workload.
 """

@@ -63,13 +63,18 @@ class Comparison:
         return NO_DIFFERENCE
 
     def describe(self, a_name: str, b_name: str) -> str:
-        """One sentence for the prose, e.g. "B is 1.52x faster than A (band 1.45-1.60x)"."""
+        """One phrase for the prose, e.g. "B is 1.52× faster than A (band 1.45–1.60×)": the factor and
+        its band both as "times faster" or both as "times slower" (above 1); inside the band, "B vs A:
+        no measurable difference (0.98×, band 0.93–1.04×)" with t_A / t_B. The band in parentheses is
+        the marker the book's checks read."""
         low, high = self.band
-        band = f"band {low:.2f}–{high:.2f}×"
         if self.verdict == NO_DIFFERENCE:
-            return f"{b_name} vs {a_name}: {NO_DIFFERENCE} ({self.ratio:.2f}×, {band})"
-        size = self.ratio if self.verdict == "faster" else 1 / self.ratio
-        return f"{b_name} is {size:.2f}× {self.verdict} than {a_name} ({band})"
+            return (f"{b_name} vs {a_name}: {NO_DIFFERENCE} ({self.ratio:.2f}×, "
+                    f"band {low:.2f}–{high:.2f}×)")
+        if self.verdict == "slower":  # the factor and its band as "times slower", both above 1
+            return (f"{b_name} is {1 / self.ratio:.2f}× slower than {a_name} "
+                    f"(band {1 / high:.2f}–{1 / low:.2f}×)")
+        return f"{b_name} is {self.ratio:.2f}× faster than {a_name} (band {low:.2f}–{high:.2f}×)"
 
 
 def bootstrap_median_band(values: list[float], confidence: float = 0.95, resamples: int = 2000,
@@ -95,6 +100,32 @@ def compare_ratios(a: list[float], b: list[float], confidence: float = 0.95) -> 
     ratios = [ta / tb for ta, tb in zip(a, b)]
     return Comparison(Timing(tuple(a)), Timing(tuple(b)), statistics.median(ratios),
                       bootstrap_median_band(ratios, confidence))
+
+
+def time_interleaved(runs: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Seconds of each of several runs, ``repeats`` rounds after ``warmup`` untimed calls each.
+
+    Every round runs each once, the order rotated by one per round, so that any two of them are
+    measured side by side: :func:`compare_ratios` then pairs their lists round by round."""
+    if repeats < 3:
+        raise ValueError(f"repeats must be at least 3, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if not runs:
+        raise ValueError("runs must name at least one function")
+    names = list(runs)
+    for _ in range(warmup):
+        for name in names:
+            runs[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeats):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = clock()
+            runs[name]()
+            times[name].append(clock() - start)
+    return times
 
 
 def compare(run_a: Callable[[], object], run_b: Callable[[], object], repeats: int = 15,

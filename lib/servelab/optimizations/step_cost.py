@@ -12,7 +12,10 @@ migrates, and :func:`fit_step_cost` reads it off a measured curve with the model
 System boundary: :func:`measure_decode_step` times ``LLMEngine.step`` (forward pass, sampling,
 bookkeeping) on one engine with every sequence decoding, in CPU seconds of the calling thread
 (``time.thread_time``: other processes on a shared machine do not inflate it; torch must run on this
-thread, ``torch.set_num_threads(1)``). The fit is plain least squares, no units of its own.
+thread, ``torch.set_num_threads(1)``). The fit is least squares in relative error, no units of its
+own, with one constraint: the fixed part is what a step costs with no sequence at all, so it can be no larger than the
+smallest step measured. Where plain least squares puts it higher (the large batches' points pull the
+line's intercept up), the line is pinned through that smallest point instead.
 """
 
 from __future__ import annotations
@@ -76,15 +79,34 @@ class StepCostFit:
         return self.fixed / self.per_sequence
 
 
+def _line(batch_sizes: Sequence[int], step_times: Sequence[float],
+          anchor: tuple[float, float] | None = None) -> tuple[float, float]:
+    """(fixed, slope) of the line through the points by least squares in relative error (weights
+    ``1 / t**2``: each point's percentage miss counts alike, so the many-sequence points do not
+    outweigh the few-sequence ones); forced through ``anchor`` (batch size, step time) when given."""
+    weights = [1.0 / t ** 2 for t in step_times]
+    if anchor is None:
+        total = sum(weights)
+        anchor = (sum(w * b for w, b in zip(weights, batch_sizes)) / total,
+                  sum(w * t for w, t in zip(weights, step_times)) / total)
+    b0, t0 = anchor
+    slope = (sum(w * (b - b0) * (t - t0) for w, b, t in zip(weights, batch_sizes, step_times))
+             / sum(w * (b - b0) ** 2 for w, b in zip(weights, batch_sizes)))
+    return t0 - slope * b0, slope
+
+
 def fit_step_cost(batch_sizes: Sequence[int], step_times: Sequence[float]) -> StepCostFit:
-    """Least-squares line through measured ``(batch size, step time)`` points (at least two sizes)."""
+    """The line ``step(B) = fixed + per_sequence * B`` through measured ``(batch size, step time)``
+    points (at least two sizes, positive times), with its fixed part no larger than the smallest
+    measured step (see the module docstring)."""
     if len(batch_sizes) != len(step_times) or len(set(batch_sizes)) < 2:
         raise ValueError("batch_sizes and step_times must have the same length, with >= 2 distinct batch sizes")
-    n = len(batch_sizes)
-    mean_b, mean_t = sum(batch_sizes) / n, sum(step_times) / n
-    var = sum((b - mean_b) ** 2 for b in batch_sizes)
-    slope = sum((b - mean_b) * (t - mean_t) for b, t in zip(batch_sizes, step_times)) / var
-    fixed = mean_t - slope * mean_b
+    if min(step_times) <= 0:
+        raise ValueError("step_times must all be > 0")
+    fixed, slope = _line(batch_sizes, step_times)
+    smallest_time, its_batch = min(zip(step_times, batch_sizes))
+    if fixed > smallest_time:  # pin the line through the smallest measured step
+        fixed, slope = _line(batch_sizes, step_times, anchor=(its_batch, smallest_time))
     if slope <= 0 or fixed <= 0:
         raise ValueError(f"the fit has fixed = {fixed:.3g}, per_sequence = {slope:.3g}: both must be > 0 "
                          "(measure over a wider range of batch sizes)")

@@ -1,0 +1,125 @@
+"""The book's measured claims, checked against each other: one machine, honest verdicts, sane fits.
+
+Three rules over the text a reader reads (one string per page, tags stripped):
+
+* **one profile**: every figure a page gives for a quantity of this machine's profile (read
+  bandwidth, the fp32 and bf16 matmul peaks, one empty operator's cost) names the same value on every
+  page, to the precision each page prints, and the value of the build's profile when it is given;
+* **honest verdicts**: a speed claim carries its band, as :meth:`servelab.bench.timing.Comparison.describe`
+  writes it: "X× faster/slower than ... (band L–H×)" needs the band above 1, and no clause whose band
+  holds 1 says "faster" or "slower";
+* **sane fits**: a fitted model's fixed part, written "fixed part F ms, no more than the smallest
+  measured step, S ms", is no larger than that smallest measured total.
+
+Each check returns the violations it found as sentences naming the page; an empty list is a pass.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Mapping
+
+NUMBER = r"(\d[\d,]*(?:\.\d+)?)"
+PROFILE_PATTERNS = {
+    "read bandwidth (GB/s)": re.compile(
+        rf"(?:read bandwidth|this CPU's measured)[^0-9.;]{{0,30}}{NUMBER}\s*GB/s", re.IGNORECASE),
+    "fp32 matmul peak (GFLOP/s)": re.compile(rf"fp32 matmul peak[^0-9.;]{{0,30}}{NUMBER}\s*GFLOP/s",
+                                             re.IGNORECASE),
+    "bf16 matmul peak (GFLOP/s)": re.compile(rf"bf16 matmul peak[^0-9.;]{{0,30}}{NUMBER}\s*GFLOP/s",
+                                             re.IGNORECASE),
+    "one empty operator (µs)": re.compile(
+        rf"(?:one empty operator[^0-9.;]{{0,30}}{NUMBER}\s*µs|{NUMBER}\s*µs for one empty operator)",
+        re.IGNORECASE),
+}
+"""How a page states each profile quantity, in the units the profile's table uses."""
+VERDICT = re.compile(rf"{NUMBER}× (faster|slower) than [^()]*?\(band {NUMBER}–{NUMBER}×\)")
+NO_DIFFERENCE = re.compile(rf"no measurable difference \({NUMBER}×, band {NUMBER}–{NUMBER}×\)")
+BAND = re.compile(rf"band {NUMBER}–{NUMBER}×")
+SPEED_WORD = re.compile(r"\b(faster|slower)\b")
+FIT = re.compile(rf"fixed part {NUMBER} ms, no more than the smallest measured step, {NUMBER} ms")
+CLAUSE_END = re.compile(r"(?<=[.;:])\s+")
+
+__all__ = ["PROFILE_PATTERNS", "fit_violations", "page_text", "profile_figures", "profile_violations",
+           "verdict_violations"]
+
+
+def page_text(page_html: str) -> str:
+    """What a reader reads on a page: scripts, styles and tags dropped, entities decoded, spaces folded."""
+    text = re.sub(r"<(script|style)\b.*?</\1>", " ", page_html, flags=re.DOTALL | re.IGNORECASE)
+    text = re.sub(r"<[^>]+>", " ", text)
+    return re.sub(r"\s+", " ", html.unescape(text))
+
+
+def _value(token: str) -> tuple[float, int]:
+    """A printed number and its count of decimals ("1,234.5" -> (1234.5, 1))."""
+    plain = token.replace(",", "")
+    return float(plain), len(plain.split(".")[1]) if "." in plain else 0
+
+
+def _agree(a: tuple[float, int], b: tuple[float, int]) -> bool:
+    """Whether two printed numbers can be roundings of one value (each within its own half-unit)."""
+    return abs(a[0] - b[0]) <= 0.5 * 10 ** -a[1] + 0.5 * 10 ** -b[1] + 1e-9
+
+
+def profile_figures(text: str) -> dict[str, list[str]]:
+    """Every figure ``text`` gives for each profile quantity, as printed."""
+    found: dict[str, list[str]] = {}
+    for quantity, pattern in PROFILE_PATTERNS.items():
+        for match in pattern.finditer(text):
+            found.setdefault(quantity, []).append(next(g for g in match.groups() if g))
+    return found
+
+
+def profile_violations(pages: Mapping[str, str], profile: Mapping[str, float] | None = None) -> list[str]:
+    """Profile quantities given two different values across ``pages`` (name -> text), or a value
+    other than ``profile``'s (quantity -> value in the units of :data:`PROFILE_PATTERNS`)."""
+    seen: dict[str, list[tuple[str, str]]] = {}
+    for name, text in pages.items():
+        for quantity, figures in profile_figures(text).items():
+            seen.setdefault(quantity, []).extend((name, figure) for figure in figures)
+    found = []
+    for quantity, where in seen.items():
+        first_page, first = where[0]
+        for page, figure in where[1:]:
+            if not _agree(_value(first), _value(figure)):
+                found.append(f"{quantity}: {first} on {first_page} but {figure} on {page}")
+        if profile and quantity in profile:
+            for page, figure in where:
+                printed = _value(figure)
+                if not _agree(printed, (profile[quantity], 12)):
+                    found.append(f"{quantity}: {figure} on {page}, the build's profile says "
+                                 f"{profile[quantity]:.{printed[1]}f}")
+    return found
+
+
+def verdict_violations(pages: Mapping[str, str]) -> list[str]:
+    """Speed words that their own band does not support."""
+    found = []
+    for name, text in pages.items():
+        for match in VERDICT.finditer(text):
+            factor, word, low, high = match.groups()
+            if not float(low.replace(",", "")) > 1.0:
+                found.append(f"{name}: {word} with a band that reaches 1: {match.group(0)!r}")
+        for match in NO_DIFFERENCE.finditer(text):
+            _, low, high = (float(g.replace(",", "")) for g in match.groups())
+            if not low <= 1.0 <= high:
+                found.append(f"{name}: no difference claimed with a band that excludes 1: {match.group(0)!r}")
+        for clause in CLAUSE_END.split(text):
+            for band in BAND.finditer(clause):
+                low, high = (float(g.replace(",", "")) for g in band.groups())
+                if low <= 1.0 <= high and SPEED_WORD.search(clause):
+                    found.append(f"{name}: a ratio inside its band called "
+                                 f"{SPEED_WORD.search(clause).group(0)}: {clause.strip()[:200]!r}")
+    return found
+
+
+def fit_violations(pages: Mapping[str, str]) -> list[str]:
+    """Fitted fixed parts larger than the smallest measured total they were fitted to."""
+    found = []
+    for name, text in pages.items():
+        for match in FIT.finditer(text):
+            fixed, smallest = (_value(g)[0] for g in match.groups())
+            if fixed > smallest:
+                found.append(f"{name}: {match.group(0)!r}")
+    return found

@@ -1,0 +1,145 @@
+"""The built book's measured claims: one machine profile, verdicts inside their bands, sane fits.
+
+The rules (:mod:`servelab.bench.claims`) are checked on crafted pages that break each one; on the
+committed sources (every chapter with its glued values filled in from the committed notebooks, and
+every notebook's printed outputs) against the profile those notebooks ran with
+(``notebooks/machine-profile.json``); and on the built book in ``_build/html`` (``SERVELAB_HTML_DIR``)
+when it is there, against that build's profile (``_build/machine-profile.json``).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from servelab.bench.claims import (fit_violations, page_text, profile_figures, profile_violations,
+                                   verdict_violations)
+from servelab.bench.timing import compare_ratios
+
+ROOT = Path(__file__).resolve().parent.parent
+HTML_DIR = Path(os.environ.get("SERVELAB_HTML_DIR", ROOT / "_build" / "html"))
+PROFILE = HTML_DIR.parent / "machine-profile.json"
+COMMITTED_PROFILE = ROOT / "notebooks" / "machine-profile.json"
+GLUE_TEXT = re.compile(r"\{glue:text\}`\.\./notebooks/([\w./-]+\.ipynb)::(\w+):([^`]*)`")
+SKIPPED = {"_static", "_sources", "_images"}
+
+
+def test_page_text_reads_tables_and_skips_scripts():
+    text = page_text("<p>Read <b>bandwidth</b></p><script>var x = '99 GB/s';</script>"
+                     "<table><tr><td>read bandwidth</td><td>20.8&nbsp;GB/s</td></tr></table>")
+    assert "99" not in text
+    assert profile_figures(text) == {"read bandwidth (GB/s)": ["20.8"]}
+
+
+def test_one_value_per_quantity_across_pages():
+    same = {"ch02": "read bandwidth 20.8 GB/s, fp32 matmul peak 102.2 GFLOP/s",
+            "ch07": "at this CPU's measured 20.8 GB/s takes 26 ms; one empty operator: 2.39 µs",
+            "machine": "read bandwidth 20.8 GB/s fp32 matmul peak 102 GFLOP/s 2.4 µs for one empty operator"}
+    assert profile_violations(same) == []
+    broken = same | {"ch05": "its read bandwidth was 12.6 GB/s"}
+    found = profile_violations(broken)
+    assert len(found) == 1 and "12.6 on ch05" in found[0]
+
+
+def test_every_page_agrees_with_the_builds_profile():
+    pages = {"ch02": "read bandwidth 20.8 GB/s", "ch07": "read bandwidth 20.8 GB/s"}
+    assert profile_violations(pages, {"read bandwidth (GB/s)": 20.77}) == []
+    found = profile_violations(pages, {"read bandwidth (GB/s)": 40.6})
+    assert len(found) == 2 and "profile says 40.6" in found[0]
+
+
+def test_describe_passes_and_a_word_inside_the_band_fails():
+    clear = compare_ratios([2.0, 2.1, 1.9, 2.0, 2.05], [1.0, 1.0, 1.02, 0.98, 1.0])
+    slow = compare_ratios([1.0] * 5, [1.5, 1.6, 1.4, 1.5, 1.55])
+    noise = compare_ratios([1.0, 1.2, 0.9, 1.1, 1.0, 0.95], [1.1, 0.9, 1.05, 1.0, 1.2, 0.92])
+    page = "; ".join(c.describe("fp32", "int8") for c in (clear, slow, noise)) + "."
+    assert verdict_violations({"ch07": page}) == []
+    crafted = {
+        "inside": "KV cache + int8 is 1.02× faster than KV cache (band 0.97–1.08×).",
+        "word in clause": "int8 was faster (1.02×, band 0.97–1.08×) on this build.",
+        "no difference outside": "int8 vs fp32: no measurable difference (1.30×, band 1.20–1.40×).",
+    }
+    found = verdict_violations(crafted)
+    assert {f.split(":")[0] for f in found} == set(crafted)
+
+
+def test_fit_fixed_part_above_smallest_step_fails():
+    good = "Its fit (fixed part 30.10 ms, no more than the smallest measured step, 31.00 ms) ..."
+    bad = "Its fit (fixed part 143.9 ms, no more than the smallest measured step, 99.8 ms) ..."
+    assert fit_violations({"ok": good}) == []
+    assert len(fit_violations({"ch07": bad})) == 1
+
+
+def _built_pages() -> dict[str, str]:
+    return {str(p.relative_to(HTML_DIR)): page_text(p.read_text(encoding="utf-8"))
+            for p in sorted(HTML_DIR.rglob("*.html")) if not SKIPPED.intersection(p.relative_to(HTML_DIR).parts)}
+
+
+def _profile_values(path: Path = PROFILE) -> dict[str, float] | None:
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return {"read bandwidth (GB/s)": data["read_bandwidth"] / 1e9,
+            "fp32 matmul peak (GFLOP/s)": data["peak_flops"]["float32"] / 1e9,
+            "bf16 matmul peak (GFLOP/s)": data["peak_flops"]["bfloat16"] / 1e9,
+            "one empty operator (µs)": data["op_overhead_s"] * 1e6}
+
+
+@pytest.mark.skipif(not (HTML_DIR / "index.html").is_file(), reason=f"no built book at {HTML_DIR}")
+def test_built_book_states_one_truth():
+    pages = _built_pages()
+    found = profile_violations(pages, _profile_values()) + verdict_violations(pages) + fit_violations(pages)
+    assert found == [], "\n".join(found)
+
+
+def _glued(notebook: Path) -> dict[str, object]:
+    """The values a committed notebook publishes, by name."""
+    values = {}
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        for output in cell.get("outputs", []):
+            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+            text = output.get("data", {}).get("application/papermill.record/text/plain")
+            if name and text:
+                try:
+                    values[name] = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    values[name] = text
+    return values
+
+
+def _printed(notebook: Path) -> str:
+    """What a committed notebook's cells print (streams and plain-text results)."""
+    parts = []
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        for output in cell.get("outputs", []):
+            parts.append("".join(output.get("text", "")))
+            parts.append("".join(output.get("data", {}).get("text/plain", "")))
+    return page_text(" ".join(parts))
+
+
+def _chapter_with_values(page: Path, cache: dict[str, dict]) -> str:
+    """A chapter's text with each ``{glue:text}`` replaced by its committed value, formatted."""
+    def value(match: re.Match) -> str:
+        notebook, name, spec = match.groups()
+        values = cache.setdefault(notebook, _glued(ROOT / "notebooks" / notebook))
+        if name not in values:
+            return match.group(0)
+        try:
+            return format(values[name], spec)
+        except (TypeError, ValueError):
+            return str(values[name])
+    return page_text(GLUE_TEXT.sub(value, page.read_text(encoding="utf-8")))
+
+
+def test_committed_sources_state_one_truth():
+    cache: dict[str, dict] = {}
+    pages = {p.name: _chapter_with_values(p, cache) for p in sorted((ROOT / "book").glob("*.md"))}
+    pages |= {p.name: _printed(p) for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
+    profile = _profile_values(COMMITTED_PROFILE)
+    found = profile_violations(pages, profile) + verdict_violations(pages) + fit_violations(pages)
+    assert found == [], "\n".join(found)
