@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from servelab._validate import require_int, require_interval
+from servelab.engine import kv_pool_size
 
 if TYPE_CHECKING:
     from servelab.engine.config import EngineConfig
@@ -91,14 +92,21 @@ def measure_cuda_memory(device: torch.device, profile: Callable[[], object]) -> 
     return GpuMemory(total, total - free, peak)
 
 
-def pool_blocks(runner: "ModelRunner", config: "EngineConfig") -> int:
-    """Blocks for a pool whose size ``config.num_blocks`` leaves open: on CUDA with
-    ``gpu_memory_utilization`` set, what :func:`blocks_from_gpu_memory` finds; else as many as
-    ``config.kv_cache_memory_bytes`` pays for (``runner.bytes_per_block = 2 * layers * block_size *
-    kv_heads * head_dim * bytes_per_element``)."""
-    if config.gpu_memory_utilization is None or runner.device.type != "cuda":
+def pool_blocks(runner: "ModelRunner", config: "EngineConfig", max_model_len: int) -> int:
+    """Blocks for a pool whose size ``config.num_blocks`` leaves open (:mod:`servelab.engine.kv_pool_size`):
+    as many as an explicit ``config.kv_cache_memory_bytes`` pays for (``runner.bytes_per_block = 2 * layers *
+    block_size * kv_heads * head_dim * bytes_per_element``); else on CUDA what :func:`blocks_from_gpu_memory`
+    finds (all of it when ``gpu_memory_utilization`` is set), on a CPU a share of the available memory; by
+    default at most what ``max_num_seqs`` sequences of ``max_model_len`` tokens fill."""
+    if config.kv_cache_memory_bytes is not None:
         return max(1, config.kv_cache_memory_bytes // runner.bytes_per_block)
-    return blocks_from_gpu_memory(runner, config)
+    if runner.device.type == "cuda":
+        blocks = blocks_from_gpu_memory(runner, config)
+        if config.gpu_memory_utilization is not None:  # asked for by name: all of it, as vLLM does
+            return blocks
+    else:
+        blocks = kv_pool_size.kv_blocks_for_cpu(kv_pool_size.available_memory_bytes(), runner.bytes_per_block)
+    return min(blocks, kv_pool_size.max_useful_blocks(config.max_num_seqs, max_model_len, config.block_size))
 
 
 def blocks_from_gpu_memory(runner: "ModelRunner", config: "EngineConfig") -> int:
@@ -122,5 +130,6 @@ def blocks_from_gpu_memory(runner: "ModelRunner", config: "EngineConfig") -> int
         del runner.backend
 
     seen = measure_cuda_memory(runner.device, profile)
-    return kv_blocks_for_gpu(seen.total_bytes, config.gpu_memory_utilization, seen.used_bytes,
+    utilization = config.gpu_memory_utilization or kv_pool_size.DEFAULT_GPU_MEMORY_UTILIZATION
+    return kv_blocks_for_gpu(seen.total_bytes, utilization, seen.used_bytes,
                              seen.activation_peak_bytes, runner.bytes_per_block)

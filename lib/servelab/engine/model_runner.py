@@ -18,12 +18,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from servelab.device import resolve_device_dtype, use_gemv_layout
 from servelab.engine import gpu_memory
 from servelab.engine.config import EngineConfig
+from servelab.engine.kv_pool_size import PoolSize
 from servelab.engine.logprobs import ScoreRow, score_rows
 from servelab.engine.scheduler import ScheduledChunk
 from servelab.engine.sequence import Sequence
@@ -39,8 +41,8 @@ class KVCache:
         shape = (num_layers, num_kv_heads, num_blocks, block_size, head_dim)
         # zeros, not empty: masked-out slots still enter the attention matmul with weight 0, and
         # 0 * NaN from uninitialised memory would poison the output
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = _zeros(shape, dtype, device)
+        self.v = _zeros(shape, dtype, device)
         self.block_size = block_size
         self.num_blocks = num_blocks
         # per-layer views, made once: indexing ``k[layer]`` in every layer of every step costs a tensor op
@@ -57,6 +59,15 @@ class KVCache:
         dst = torch.tensor([d for _, d in pairs], device=self.k.device)
         self.k[:, :, dst] = self.k[:, :, src]
         self.v[:, :, dst] = self.v[:, :, src]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor; on the CPU made of the OS's zero pages (``calloc``, through numpy), so that memory is
+    committed only where a K/V write lands: a pool sized for the machine costs what it holds."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    raw = np.zeros((*shape[:-1], shape[-1] * torch.empty((), dtype=dtype).element_size()), dtype=np.uint8)
+    return torch.from_numpy(raw).view(dtype)
 
 
 @dataclass
@@ -239,7 +250,7 @@ class ForwardInput:
 
 class ModelRunner:
     """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``config.num_blocks`` blocks (else what
-    :func:`servelab.engine.gpu_memory.pool_blocks` sizes). The model moves to the configured device and dtype
+    :func:`servelab.engine.gpu_memory.pool_blocks` sizes from the memory there is, :attr:`pool_size`). The model moves to the configured device and dtype
     in place, its CPU linear weights column-major (:func:`servelab.device.use_gemv_layout`)."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
@@ -249,11 +260,18 @@ class ModelRunner:
         cfg = model.config
         self.block_size = config.block_size
         self.bytes_per_block = gpu_memory.kv_block_bytes(cfg, config.block_size, self.dtype)
-        self.num_blocks = config.num_blocks or gpu_memory.pool_blocks(self, config)
+        self.max_model_len = config.max_model_len or cfg.max_position_embeddings  # checked by the engine
+        self.num_blocks = config.num_blocks or gpu_memory.pool_blocks(self, config, self.max_model_len)
         self.cache = KVCache(cfg.num_hidden_layers, self.num_blocks, config.block_size,
                              cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
         self.backend = PagedAttention(self.cache)
         self.host_swap = host_swap_space(config, self.cache, self.bytes_per_block)
+
+    @property
+    def pool_size(self) -> PoolSize:
+        """The KV pool in blocks, tokens and bytes, and how many ``max_model_len`` requests it holds."""
+        return PoolSize(self.num_blocks, self.block_size, self.bytes_per_block, self.max_model_len,
+                        self.device.type)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardInput) -> torch.Tensor:
