@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from servelab.device import resolve_device_dtype, use_gemv_layout
 from servelab.engine import gpu_memory
 from servelab.engine.config import EngineConfig
+from servelab.engine.cpu_linear import pack_linears
 from servelab.engine.kv_pool_size import PoolSize
 from servelab.engine.logprobs import ScoreRow, score_rows
 from servelab.engine.scheduler import ScheduledChunk
@@ -250,13 +251,15 @@ class ForwardInput:
 
 class ModelRunner:
     """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``config.num_blocks`` blocks (else what
-    :func:`servelab.engine.gpu_memory.pool_blocks` sizes from the memory there is, :attr:`pool_size`). The model moves to the configured device and dtype
-    in place, its CPU linear weights column-major (:func:`servelab.device.use_gemv_layout`)."""
+    :func:`servelab.engine.gpu_memory.pool_blocks` sizes from the memory there is, :attr:`pool_size`). The
+    model moves to the configured device and dtype in place, its CPU linear weights column-major
+    (:func:`servelab.device.use_gemv_layout`) and packed for oneDNN (:mod:`servelab.engine.cpu_linear`)."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
         self.device, self.dtype = resolve_device_dtype(config, model)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         use_gemv_layout(self.model)
+        pack_linears(self.model)  # steps of several rows through oneDNN (servelab.engine.cpu_linear)
         cfg = model.config
         self.block_size = config.block_size
         self.bytes_per_block = gpu_memory.kv_block_bytes(cfg, config.block_size, self.dtype)
