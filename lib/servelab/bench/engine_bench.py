@@ -7,9 +7,10 @@ Device and dtype follow :func:`servelab.device.pick_device` (CPU + float32 unles
 ``SERVELAB_DEVICE`` / ``SERVELAB_DTYPE`` say otherwise); every system runs the same weights there, and
 the result records what it really ran on.
 
-``--model smollm2-135m`` instead measures the weight-bound regime: SmolLM2-135M's shape with random weights,
-its decode step against this machine's roofline floor, reported as a fraction of that floor
-(:mod:`servelab.bench.decode_floor`, 2 threads by default, saved to ``data/engine_bench_cpu_smollm2.json``).
+``--model smollm2-135m`` instead measures the real SmolLM2-135M-Instruct (the weight-bound regime): the engine
+against ``transformers`` ``generate`` and ``generate_batch`` at 1, 8 and 32 requests, its decode step against
+this machine's roofline floor, a per-step profile, and fp32 against bf16 where the CPU has native bf16
+(:mod:`servelab.bench.real_model`, 2 threads by default, saved to ``data/engine_bench_cpu_smollm2.json``).
 
 Sections (every figure is measured here, in this process, one after the other):
 
@@ -402,8 +403,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write the JSON result (default: data/engine_bench_{cpu,cuda}.json)")
     parser.add_argument("--model", default=None,
-                        help=f"checkpoint folder (default: the shipped model), or {SMOLLM2_135M!r}: its shape with "
-                             "random weights, the decode step against this machine's roofline floor")
+                        help=f"checkpoint folder (default: the shipped model), or {SMOLLM2_135M!r}: the real "
+                             "SmolLM2-135M against transformers, its decode step against this machine's floor")
     parser.add_argument("--threads", type=int, default=None,
                         help=f"torch threads (default: 1; 2 for {SMOLLM2_135M!r})")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -412,10 +413,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="weights and KV dtype (default: SERVELAB_DTYPE, else bfloat16 on cuda, float32 on cpu)")
     args = parser.parse_args(argv)
     if args.model == SMOLLM2_135M:
-        from servelab.bench.decode_floor import run_smollm2, format_floor  # it imports this module
+        from servelab.bench import real_model  # it imports this module
 
-        result = run_smollm2(args.threads or 2, args.quick)
-        print(format_floor(result))
+        result = real_model.run(args.threads or 2, args.quick)
+        print(real_model.format_result(result))
         out = args.out or DATA_DIR / "engine_bench_cpu_smollm2.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"\nsaved {out}")
