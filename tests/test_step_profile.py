@@ -48,3 +48,17 @@ def test_native_bf16_reads_the_cpu_flags(tmp_path):
     info.write_text("flags\t\t: fpu avx2 avx512f\n")
     assert not native_bf16(info)
     assert not native_bf16(tmp_path / "missing")
+
+
+def test_the_targets_read_the_median_ratios_and_the_batch1_floor():
+    from servelab.bench.real_model import TARGETS, targets_met
+
+    def section(vs_generate, vs_batch):
+        return {"engine_vs_generate": {"ratio": vs_generate}, "engine_vs_generate_batch": {"ratio": vs_batch}}
+
+    throughput = {"8": section(1.6, 2.5), "32": section(1.4, 2.0)}
+    floor = {"engine": [{"step_s": 0.020, "floor_s": {"memory": 0.018}}]}  # 90 % of the floor
+    assert targets_met(throughput, floor) == {
+        "engine_vs_generate_8": True, "engine_vs_generate_32": False, "engine_vs_generate_batch_8": True,
+        "engine_vs_generate_batch_32": True, "batch1_fraction_of_weight_read_floor": True}
+    assert TARGETS["batch1_fraction_of_weight_read_floor"] == 0.85
