@@ -47,10 +47,13 @@ def test_gpu_memory_utilization_must_be_a_fraction_in_0_1(value, error):
 
 
 def test_on_the_cpu_the_fraction_changes_nothing():
-    budget = EngineConfig(device="cpu", block_size=8)
-    sized = EngineConfig(device="cpu", block_size=8, gpu_memory_utilization=0.01)
+    budget = EngineConfig(device="cpu", block_size=8, kv_cache_memory_bytes=2**20)
+    sized = EngineConfig(device="cpu", block_size=8, kv_cache_memory_bytes=2**20, gpu_memory_utilization=0.01)
     assert ModelRunner(tiny_model(), sized).num_blocks == ModelRunner(tiny_model(), budget).num_blocks
     assert ModelRunner(tiny_model(), budget).num_blocks == budget.kv_cache_memory_bytes // (2 * 2 * 8 * 2 * 8 * 4)
+    default, fraction = EngineConfig(device="cpu", block_size=8), EngineConfig(device="cpu", block_size=8,
+                                                                               gpu_memory_utilization=0.01)
+    assert ModelRunner(tiny_model(), default).num_blocks == ModelRunner(tiny_model(), fraction).num_blocks
 
 
 def test_gpu_sizing_profiles_a_full_budget_pass_then_divides_what_is_left(monkeypatch):
@@ -75,6 +78,8 @@ def test_gpu_sizing_profiles_a_full_budget_pass_then_divides_what_is_left(monkey
     blocks = blocks_from_gpu_memory(runner, config)
     assert batches == [(100, 4)]  # the whole token budget in one pass, max_num_seqs rows through the LM head
     assert blocks == (5 * 2**20 - 3 * 2**20) // runner.bytes_per_block
+    unset = EngineConfig(device="cpu", block_size=8, max_num_batched_tokens=100, max_num_seqs=4)
+    assert blocks_from_gpu_memory(runner, unset) == (9 * 2**20 - 3 * 2**20) // runner.bytes_per_block
 
 
 def test_server_flag_reaches_the_engine_config():

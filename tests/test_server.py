@@ -496,7 +496,10 @@ def test_one_command_serves_the_shipped_model():
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+        log = proc.stdout.read().decode()
         proc.stdout.close()
+    # the KV pool logged at start as vLLM logs it: 32 slots of the model's 256 positions in 16-token blocks
+    assert "# CPU blocks: 512 (8192 tokens, 16.0 MiB), maximum concurrency for 256 tokens per request: 32.00x" in log
 
 
 def test_backpressure_policy_thresholds():

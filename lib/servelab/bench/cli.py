@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from servelab.bench import engine_bench
-from servelab.bench.decode_floor import format_floor, run_smollm2
+from servelab.bench import real_model
 from servelab.bench.engine_bench import DATA_DIR, SMOLLM2_135M
 from servelab.device import DTYPES, pick_device
 
@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write the JSON result (default: data/engine_bench_{cpu,cuda}.json)")
     parser.add_argument("--model", default=None,
-                        help=f"checkpoint folder (default: the shipped model), or {SMOLLM2_135M!r}: its shape with "
-                             "random weights, the decode step against this machine's roofline floor")
+                        help=f"checkpoint folder (default: the shipped model), or {SMOLLM2_135M!r}: the real "
+                             "SmolLM2-135M against transformers, its decode step against this machine's floor")
     parser.add_argument("--threads", type=int, default=None,
                         help=f"torch threads (default: 1; 2 for {SMOLLM2_135M!r})")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="weights and KV dtype (default: SERVELAB_DTYPE, else bfloat16 on cuda, float32 on cpu)")
     args = parser.parse_args(argv)
     if args.model == SMOLLM2_135M:
-        result = run_smollm2(args.threads or 2, args.quick)
-        print(format_floor(result))
+        result = real_model.run(args.threads or 2, args.quick)
+        print(real_model.format_result(result))
         out = args.out or DATA_DIR / "engine_bench_cpu_smollm2.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"\nsaved {out}")

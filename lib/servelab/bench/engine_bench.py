@@ -7,9 +7,10 @@ Device and dtype follow :func:`servelab.device.pick_device` (CPU + float32 unles
 ``SERVELAB_DEVICE`` / ``SERVELAB_DTYPE`` say otherwise); every system runs the same weights there, and
 the result records what it really ran on.
 
-``--model smollm2-135m`` instead measures the weight-bound regime: SmolLM2-135M's shape with random weights,
-its decode step against this machine's roofline floor, reported as a fraction of that floor
-(:mod:`servelab.bench.decode_floor`, 2 threads by default, saved to ``data/engine_bench_cpu_smollm2.json``).
+``--model smollm2-135m`` instead measures the real SmolLM2-135M-Instruct (the weight-bound regime): the engine
+against ``transformers`` ``generate`` and ``generate_batch`` at 1, 8 and 32 requests, its decode step against
+this machine's roofline floor, a per-step profile, and fp32 against bf16 where the CPU has native bf16
+(:mod:`servelab.bench.real_model`, 2 threads by default, saved to ``data/engine_bench_cpu_smollm2.json``).
 
 Sections (every figure is measured here, in this process, one after the other):
 

@@ -1,8 +1,8 @@
 """Engine configuration: every knob the scheduler, KV cache and model runner read, validated once.
 
 System boundary: plain values only. Nothing here touches the model or the device; the model runner turns
-``num_blocks``, ``gpu_memory_utilization`` (on CUDA) or ``kv_cache_memory_bytes`` into a block pool, the
-scheduler reads the budgets.
+``num_blocks``, ``kv_cache_memory_bytes`` or the memory there is (:mod:`servelab.engine.kv_pool_size`) into a
+block pool, the scheduler reads the budgets.
 """
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ class EngineConfig:
     Attributes:
         block_size: tokens per KV block (the paging granularity).
         num_blocks: physical KV blocks in the device pool; ``None`` sizes the pool from
-            ``gpu_memory_utilization`` (on CUDA) or ``kv_cache_memory_bytes``.
-        kv_cache_memory_bytes: memory budget (bytes) for K and V of all layers when ``num_blocks`` is None
-            (and, on CUDA, ``gpu_memory_utilization`` is None).
+            ``kv_cache_memory_bytes`` if given, else from the memory there is
+            (:mod:`servelab.engine.kv_pool_size`: on CUDA ``gpu_memory_utilization``, on a CPU half the
+            available memory up to 4 GiB; either at most ``max_num_seqs`` sequences of ``max_model_len``).
+        kv_cache_memory_bytes: memory budget (bytes) for K and V of all layers when ``num_blocks`` is None;
+            ``None`` (the default) sizes the pool from the memory there is.
         gpu_memory_utilization: fraction in (0, 1] of the CUDA device's total memory the engine may use
-            for weights, activations and KV cache (vLLM's knob; it serves with 0.9). When set, on CUDA and
-            with ``num_blocks`` None, the pool gets every whole block that fits in ``total x fraction``
-            minus what the device already holds minus the peak of one profiling forward pass of
-            ``max_num_batched_tokens`` tokens (:mod:`servelab.engine.gpu_memory`); too small a fraction for
-            one block is a ValueError. ``None`` (the default: a notebook may build several engines on one
-            device) keeps ``kv_cache_memory_bytes``. On the CPU it has no effect beyond validation.
+            for weights, activations and KV cache (vLLM's knob; ``None`` means vLLM's 0.9). On CUDA, with
+            ``num_blocks`` and ``kv_cache_memory_bytes`` None, the pool gets every whole block that fits in
+            ``total x fraction`` minus what the device already holds minus the peak of one profiling
+            forward pass of ``max_num_batched_tokens`` tokens (:mod:`servelab.engine.gpu_memory`); too small
+            a fraction for one block is a ValueError. On the CPU it has no effect beyond validation.
         max_num_seqs: most sequences in one forward pass (batch slots).
         max_num_batched_tokens: per-iteration token budget shared by prefill chunks and decode tokens.
         enable_chunked_prefill: split a long prompt over several iterations when it exceeds the budget
@@ -70,7 +71,7 @@ class EngineConfig:
 
     block_size: int = 16
     num_blocks: int | None = None
-    kv_cache_memory_bytes: int = 64 * 2**20
+    kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float | None = None
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
@@ -89,9 +90,9 @@ class EngineConfig:
     ledger_size: int = 10_000
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             require_int(name, getattr(self, name), 1)
-        for name in ("num_blocks", "max_model_len"):
+        for name in ("num_blocks", "max_model_len", "kv_cache_memory_bytes"):
             if getattr(self, name) is not None:
                 require_int(name, getattr(self, name), 1)
         if self.gpu_memory_utilization is not None:

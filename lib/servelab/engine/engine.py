@@ -15,6 +15,7 @@ System boundary: timestamps come from the injected ``clock`` (seconds) at the en
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import time
 from collections import deque
@@ -41,6 +42,8 @@ from servelab.model.llama import LlamaForCausalLM
 
 __all__ = ["FINISH_REASONS", "EngineCore", "RequestOutput", "SampleOutput", "Usage"]
 
+_log = logging.getLogger(__name__)
+
 
 class EngineCore:
     """A small continuous-batching engine over a paged KV cache: its state and its step (see the module
@@ -54,6 +57,7 @@ class EngineCore:
         self.clock = clock
         self.max_model_len = context_limit(model, config)
         self.runner = ModelRunner(model, config)
+        _log.info("%s", self.runner.pool_size.describe())
         # cache_on_compute: a block enters the prefix cache only once the scheduler commits its KV
         self.allocator = BlockAllocator(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                         cache_on_compute=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from servelab._validate import require_int, require_interval
+from servelab.engine import kv_pool_size
 
 if TYPE_CHECKING:
     from servelab.model.llama import LlamaConfig

@@ -9,6 +9,7 @@ System boundary: device tensors ``[layers, kv_heads, num_blocks, block_size, hea
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = ["KVCache"]
@@ -22,8 +23,8 @@ class KVCache:
         shape = (num_layers, num_kv_heads, num_blocks, block_size, head_dim)
         # zeros, not empty: masked-out slots still enter the attention matmul with weight 0, and
         # 0 * NaN from uninitialised memory would poison the output
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = _zeros(shape, dtype, device)
+        self.v = _zeros(shape, dtype, device)
         self.block_size = block_size
         self.num_blocks = num_blocks
         # per-layer views, made once: indexing ``k[layer]`` in every layer of every step costs a tensor op
@@ -40,3 +41,14 @@ class KVCache:
         dst = torch.tensor([d for _, d in pairs], device=self.k.device)
         self.k[:, :, dst] = self.k[:, :, src]
         self.v[:, :, dst] = self.v[:, :, src]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor; on the CPU made of the OS's zero pages (``calloc``, through numpy), so that
+    memory is committed only where a K/V write lands: a pool sized for the machine costs what it
+    holds."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    raw = np.zeros((*shape[:-1], shape[-1] * torch.empty((), dtype=dtype).element_size()),
+                   dtype=np.uint8)
+    return torch.from_numpy(raw).view(dtype)

@@ -18,6 +18,7 @@ from servelab.model.chat_template import ChatTemplate
 from servelab.device import resolve_device_dtype
 from servelab.engine.config import EngineConfig
 from servelab.engine.engine import EngineCore
+from servelab.engine.kv_pool_size import PoolSize
 from servelab.engine.request import lifecycle_state, new_request
 from servelab.engine.sequence import EngineRequest, RequestOutput
 from servelab.lifecycle.ledger import LedgerTotals
@@ -68,6 +69,12 @@ class LLMEngine(EngineCore):
         engine.chat_template = template
         engine.default_sampling = MappingProxyType(defaults)
         return engine
+
+    @property
+    def kv_pool(self) -> PoolSize:
+        """The KV pool this engine got (:mod:`servelab.engine.kv_pool_size`): ``num_blocks``, ``tokens``,
+        ``bytes`` and ``max_concurrency(tokens_per_request)``; ``describe()`` is the line logged at start."""
+        return self.runner.pool_size
 
     def sampling_params(self, **fields) -> SamplingParams:
         """:class:`SamplingParams` of ``fields`` over the checkpoint's :attr:`default_sampling`: a field

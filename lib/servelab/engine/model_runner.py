@@ -18,13 +18,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from servelab.device import resolve_device_dtype, use_gemv_layout
 from servelab.engine import gpu_memory
 from servelab.engine.config import EngineConfig
+from servelab.engine import kv_pool_size
+from servelab.engine.cpu_linear import pack_linears
 from servelab.engine.kv_cache import KVCache
+from servelab.engine.kv_pool_size import PoolSize
 from servelab.engine.logprobs import ScoreRow, score_rows
 from servelab.engine.scheduler import ScheduledChunk
 from servelab.engine.sequence import Sequence
@@ -212,21 +216,30 @@ class ForwardInput:
 
 class ModelRunner:
     """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``config.num_blocks`` blocks (else what
-    :func:`pool_blocks` sizes). The model moves to the configured device and dtype
-    in place, its CPU linear weights column-major (:func:`servelab.device.use_gemv_layout`)."""
+    :func:`pool_blocks` sizes from the memory there is, :attr:`pool_size`). The model moves to the
+    configured device and dtype in place, its CPU linear weights column-major
+    (:func:`servelab.device.use_gemv_layout`) and packed for oneDNN (:mod:`servelab.engine.cpu_linear`)."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
         self.device, self.dtype = resolve_device_dtype(config, model)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         use_gemv_layout(self.model)
+        pack_linears(self.model)  # steps of several rows through oneDNN (servelab.engine.cpu_linear)
         cfg = model.config
         self.block_size = config.block_size
         self.bytes_per_block = gpu_memory.kv_block_bytes(cfg, config.block_size, self.dtype)
-        self.num_blocks = config.num_blocks or pool_blocks(self, config)
+        self.max_model_len = config.max_model_len or cfg.max_position_embeddings  # checked by the engine
+        self.num_blocks = config.num_blocks or pool_blocks(self, config, self.max_model_len)
         self.cache = KVCache(cfg.num_hidden_layers, self.num_blocks, config.block_size,
                              cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
         self.backend = PagedAttention(self.cache)
         self.host_swap = host_swap_space(config, self.cache, self.bytes_per_block)
+
+    @property
+    def pool_size(self) -> PoolSize:
+        """The KV pool in blocks, tokens and bytes, and how many ``max_model_len`` requests it holds."""
+        return PoolSize(self.num_blocks, self.block_size, self.bytes_per_block, self.max_model_len,
+                        self.device.type)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardInput) -> torch.Tensor:
@@ -244,14 +257,24 @@ class ModelRunner:
         return self.model.lm_head(hidden).float()
 
 
-def pool_blocks(runner: ModelRunner, config: EngineConfig) -> int:
-    """Blocks for a pool whose size ``config.num_blocks`` leaves open: on CUDA with
-    ``gpu_memory_utilization`` set, what :func:`blocks_from_gpu_memory` finds; else as many as
-    ``config.kv_cache_memory_bytes`` pays for (``runner.bytes_per_block = 2 * layers * block_size *
-    kv_heads * head_dim * bytes_per_element``)."""
-    if config.gpu_memory_utilization is None or runner.device.type != "cuda":
+def pool_blocks(runner: ModelRunner, config: EngineConfig, max_model_len: int) -> int:
+    """Blocks for a pool whose size ``config.num_blocks`` leaves open
+    (:mod:`servelab.engine.kv_pool_size`): as many as an explicit ``config.kv_cache_memory_bytes``
+    pays for (``runner.bytes_per_block = 2 * layers * block_size * kv_heads * head_dim *
+    bytes_per_element``); else on CUDA what :func:`blocks_from_gpu_memory` finds (all of it when
+    ``gpu_memory_utilization`` is set), on a CPU a share of the available memory; by default at
+    most what ``max_num_seqs`` sequences of ``max_model_len`` tokens fill."""
+    if config.kv_cache_memory_bytes is not None:
         return max(1, config.kv_cache_memory_bytes // runner.bytes_per_block)
-    return blocks_from_gpu_memory(runner, config)
+    if runner.device.type == "cuda":
+        blocks = blocks_from_gpu_memory(runner, config)
+        if config.gpu_memory_utilization is not None:  # asked for by name: all of it, as vLLM does
+            return blocks
+    else:
+        blocks = kv_pool_size.kv_blocks_for_cpu(kv_pool_size.available_memory_bytes(),
+                                                runner.bytes_per_block)
+    return min(blocks, kv_pool_size.max_useful_blocks(config.max_num_seqs, max_model_len,
+                                                      config.block_size))
 
 
 def blocks_from_gpu_memory(runner: ModelRunner, config: EngineConfig) -> int:
@@ -273,5 +296,6 @@ def blocks_from_gpu_memory(runner: ModelRunner, config: EngineConfig) -> int:
         del runner.backend
 
     seen = gpu_memory.measure_cuda_memory(runner.device, profile)
-    return gpu_memory.kv_blocks_for_gpu(seen.total_bytes, config.gpu_memory_utilization, seen.used_bytes,
+    utilization = config.gpu_memory_utilization or kv_pool_size.DEFAULT_GPU_MEMORY_UTILIZATION
+    return gpu_memory.kv_blocks_for_gpu(seen.total_bytes, utilization, seen.used_bytes,
                              seen.activation_peak_bytes, runner.bytes_per_block)

@@ -26,6 +26,8 @@ ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "block tables, reservations, prefix hits"),
     ("servelab.engine.model_runner", ("ForwardInput.from_chunks", "ModelRunner.execute", "PagedAttention"),
      "phases 2 and 3: the chunks as one flat batch, the forward pass, K/V through block tables"),
+    ("servelab.engine.cpu_linear", ("PackedLinear.forward",),
+     "phase 3's linear layers on a CPU: one row a GEMV, several rows oneDNN on prepacked weights"),
     ("servelab.engine.sampler", ("sample_tokens",), "phase 4: one token per sample, batched"),
     ("servelab.engine.sequence", ("Sequence", "accept_token", "request_output"),
      "phase 5 on the per-sample record: text, stop strings, finish reasons, outputs"),

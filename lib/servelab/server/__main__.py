@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="on CUDA without --num-blocks: fraction in (0, 1] of GPU memory for weights, activations "
                              "and KV cache, the KV pool taking what is left (vLLM serves with 0.9); "
-                             "default: a fixed 64 MiB KV budget; no effect on the CPU")
+                             "default: 0.9, the pool at most --max-num-seqs full-length requests; on the CPU "
+                             "the pool takes half the available memory up to 4 GiB instead")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     return parser
 
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         tenant_limits=TenantLimits(args.rate, args.burst, args.token_quota, args.quota_window),
         max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting, queue_timeout_s=args.queue_timeout,
         request_timeout_s=args.request_timeout, stream_buffer_chunks=args.stream_buffer)
+    print(engine.kv_pool.describe(), flush=True)  # vLLM logs its KV cache size at start
     print(f"serving {name!r} at http://{args.host}:{args.port}/v1, metrics at /metrics (Ctrl-C stops)")
     web.run_app(create_app(engine, config), host=args.host, port=args.port, handler_cancellation=True,
                 shutdown_timeout=5.0, print=None)

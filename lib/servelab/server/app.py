@@ -335,6 +335,7 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.App
     bridge = EngineBridge(engine, config.max_waiting, config.queue_timeout_s, config.stream_buffer_chunks,
                           config.backpressure_timeout_s, metrics)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[openai_errors])
+    _log.info("serving %s; %s", config.model_name, engine.kv_pool.describe())
     app[STATE] = _State(engine, config, gate, bridge, metrics, _vocab_size(engine),
                         engine.allocator.num_blocks * engine.config.block_size, LogprobFormatter(engine.tokenizer),
                         SharedCompiler(engine.tokenizer, engine.runner.model.config.vocab_size,
