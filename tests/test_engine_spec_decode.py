@@ -335,3 +335,35 @@ def test_fuzz_of_200_requests_with_rejections_leaves_every_block_free(model, tok
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert sum(len(r.preempted) for r in engine.trace) > 0
     assert_clean(engine, issued)
+
+
+# ------------------------------------------------------------------------------------------ server
+
+
+def test_server_flag_and_metrics_use_vllms_names():
+    import json
+
+    from servelab.engine.llm_engine import EngineStats
+    from servelab.ledger import Ledger
+    from servelab.loadgen import parse_metrics
+    from servelab.server.__main__ import build_parser, engine_kwargs
+    from servelab.server.metrics import ServerMetrics
+
+    args = build_parser().parse_args(["--speculative-config", json.dumps(NGRAM)])
+    assert engine_kwargs(args)["speculative_config"] == NGRAM
+    for bad in ('{"method": "eagle3", "num_speculative_tokens": 2}', "{not json"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--speculative-config", bad])
+    metrics = ServerMetrics("m")
+    stats = SpecDecodingStats(3)
+    for scrape, rows in enumerate(([(3, 2), (3, 0)], [(3, 3)])):
+        for drafted, accepted in rows:
+            stats.observe(drafted, accepted)
+        metrics.set_engine_stats(EngineStats(0, 0, 0, 0.0, Ledger().totals(), stats))
+    scraped = parse_metrics(metrics.render().decode())
+    assert scraped.value("servelab:spec_decode_num_drafts_total", model_name="m") == 3
+    assert scraped.value("servelab:spec_decode_num_draft_tokens_total") == 9
+    assert scraped.value("servelab:spec_decode_num_accepted_tokens_total") == 5
+    per_pos = [scraped.value("servelab:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+               for i in range(3)]
+    assert per_pos == [2, 2, 1]

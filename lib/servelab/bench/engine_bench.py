@@ -1,7 +1,9 @@
 """Engine benchmark: side by side in one process, on the same weights.
 
 ``python -m servelab.bench [--quick] [--out PATH] [--model DIR] [--device {cpu,cuda}]
-[--dtype {float32,bfloat16}]``
+[--dtype {float32,bfloat16}]``; ``python -m servelab.bench --speculative [--threads N]``: speculative
+decoding on the real SmolLM2-135M (:mod:`servelab.bench.spec_bench`, saved to
+``data/engine_bench_cpu_speculative.json``).
 
 Device and dtype follow :func:`servelab.device.pick_device` (CPU + float32 unless a GPU is present, or
 ``SERVELAB_DEVICE`` / ``SERVELAB_DTYPE`` say otherwise); every system runs the same weights there, and
@@ -405,12 +407,23 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"checkpoint folder (default: the shipped model), or {SMOLLM2_135M!r}: its shape with "
                              "random weights, the decode step against this machine's roofline floor")
     parser.add_argument("--threads", type=int, default=None,
-                        help=f"torch threads (default: 1; 2 for {SMOLLM2_135M!r})")
+                        help=f"torch threads (default: 1; 2 for {SMOLLM2_135M!r} and --speculative)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="where to run (default: SERVELAB_DEVICE, else cuda when present, else cpu)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                         help="weights and KV dtype (default: SERVELAB_DTYPE, else bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--speculative", action="store_true",
+                        help="n-gram and draft-model speculation on the real SmolLM2-135M (CPU, 2 threads)")
     args = parser.parse_args(argv)
+    if args.speculative:
+        from servelab.bench.spec_bench import format_result, run as run_speculative
+
+        result = run_speculative(args.threads or 2, args.quick)
+        print(format_result(result))
+        out = args.out or DATA_DIR / "engine_bench_cpu_speculative.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nsaved {out}")
+        return
     if args.model == SMOLLM2_135M:
         from servelab.bench.decode_floor import run_smollm2, format_floor  # it imports this module
 
@@ -421,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nsaved {out}")
         return
     if args.threads is not None:
-        parser.error(f"--threads applies only to --model {SMOLLM2_135M}")
+        parser.error(f"--threads applies only to --model {SMOLLM2_135M} and --speculative")
     try:
         where, _ = pick_device(args.device, args.dtype)
     except ValueError as exc:  # e.g. --device cuda on a machine without a GPU
