@@ -6,7 +6,8 @@ Two methods, spelled as vLLM's ``--speculative-config`` JSON spells them:
   prompt lookup, no second model (vLLM's defaults: both bounds 5 when neither is given, one given sets
   the other);
 * ``{"method": "draft_model", "model": <checkpoint folder>, "num_speculative_tokens": k}``: a smaller
-  model that shares the target's tokenizer (``"model": None`` is the shipped tiny model; a
+  model that shares the target's tokenizer (``"model": None`` is the shipped tiny draft model, which
+  shares the shipped target's tokenizer; a
   :class:`~servelab.model.LlamaForCausalLM` object is accepted too, for tests and notebooks).
 
 System boundary: plain values only; the draft checkpoint is loaded, and its vocabulary checked against
@@ -36,7 +37,7 @@ class SpeculativeConfig:
         num_speculative_tokens: ``k``, the most tokens proposed per request per step (>= 1); a verify
             row of a decoding request is ``k + 1`` tokens.
         prompt_lookup_max / prompt_lookup_min: n-gram lengths tried, longest first (``ngram`` only).
-        model: the draft checkpoint folder, None for the shipped tiny model, or a model object
+        model: the draft checkpoint folder, None for the shipped tiny draft model, or a model object
             (``draft_model`` only).
     """
 
@@ -69,7 +70,7 @@ def speculative_config(value: SpeculativeConfig | Mapping | None) -> Speculative
             model = str(model)
         if model is not None and not isinstance(model, str) and type(model).__name__ != "LlamaForCausalLM":
             raise ValueError("speculative_config['model'] must be a checkpoint folder, None (the shipped "
-                             f"tiny model) or a LlamaForCausalLM, got {type(model).__name__}")
+                             f"tiny draft model) or a LlamaForCausalLM, got {type(model).__name__}")
         return SpeculativeConfig(method, k, model=model)
     high, low = value.get("prompt_lookup_max"), value.get("prompt_lookup_min")
     if high is None and low is None:

@@ -128,7 +128,7 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
 def make_proposer(config: SpeculativeConfig | None, target: LlamaForCausalLM,
                   max_model_len: int) -> Proposer | None:
     """The proposer of ``config`` for ``target`` (None: no speculation). A draft model is loaded here
-    (a checkpoint folder, or the shipped tiny model for ``"model": None``) onto the target's device and
+    (a checkpoint folder, or the shipped tiny draft model for ``"model": None``) onto the target's device and
     dtype; ValueError when its vocabulary differs from the target's."""
     if config is None:
         return None
@@ -137,9 +137,11 @@ def make_proposer(config: SpeculativeConfig | None, target: LlamaForCausalLM,
     weight = target.model.embed_tokens.weight
     draft = config.model
     if not isinstance(draft, LlamaForCausalLM):
-        from servelab.model.pretrained import load_pretrained
+        from servelab.model import draft_model_dir, load_checkpoint
+        from servelab.model.pretrained import resolve_checkpoint
 
-        draft = load_pretrained(draft, device=weight.device, dtype=weight.dtype)[0]
+        where = draft_model_dir() if draft is None else resolve_checkpoint(draft)
+        draft = load_checkpoint(where, device=weight.device, dtype=weight.dtype)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"speculative_config['model'] must share the target's tokenizer: its vocabulary has "
                          f"{draft.config.vocab_size} tokens, the target's {target.config.vocab_size}")
