@@ -367,3 +367,20 @@ def test_server_flag_and_metrics_use_vllms_names():
     per_pos = [scraped.value("servelab:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
                for i in range(3)]
     assert per_pos == [2, 2, 1]
+
+
+def test_a_prompt_with_n_samples_forks_before_it_speculates(model, tokenizer):
+    """A chunked prompt whose last chunk is one token looks like a decode: with n > 1 it must fork first
+    (no verify row), then every sample speculates on its own."""
+    prompt = [5, 9, 13, 2, 7] * 3 + [5, 9]  # 17 tokens: a 16-token chunk, then the last one alone
+    engine = LLMEngine(model, tokenizer, config(block_size=4, max_num_batched_tokens=16, speculative_config=NGRAM))
+    params = SamplingParams(temperature=0.7, max_tokens=12, n=2, seed=3, ignore_eos=True)
+    engine.add_request(prompt, params)
+    for _ in range(100):  # a bound: a prompt that never forks would never finish
+        finals = [o for o in engine.step() if o.finished]
+        if finals:
+            break
+    out = finals[0]
+    assert len(out.samples) == 2 and all(len(s.token_ids) == 12 for s in out.samples)
+    assert engine.stats().spec_decoding.num_drafts > 0
+    assert_clean(engine, 1)

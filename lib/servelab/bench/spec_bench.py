@@ -156,7 +156,7 @@ def run(threads: int = 2, quick: bool = False) -> dict:
     torch.manual_seed(0)
     base = LLMEngine.from_pretrained(SMOLLM2_135M, device="cpu", dtype="float32", num_blocks=8)
     machine = hardware(torch.device("cpu"), torch.float32)
-    new_tokens, repeats = (24, 3) if quick else (64, 5)
+    new_tokens, repeats = (24, 3) if quick else (48, 4)
     start = time.perf_counter()
     ngram = {workload: [bench_ngram(base, workload == "copy_heavy", c, new_tokens, repeats)
                         for c in CONCURRENCY[:2 if quick else 3]]

@@ -244,8 +244,9 @@ class Scheduler:
         return budget if self.config.enable_chunked_prefill else 0
 
     def _drafts(self, seq: Sequence, budget: int) -> tuple[int, ...]:
-        """Proposals to verify after a decoding ``seq``'s last token, within the token budget left."""
-        if self.propose is None or seq.num_uncomputed != 1 or budget < 2:
+        """Proposals to verify after ``seq``'s last token, within the token budget left: only when that
+        token is all it has to compute, and not before a ``n > 1`` prompt has forked its samples."""
+        if self.propose is None or seq.num_uncomputed != 1 or seq.samples_to_fork or budget < 2:
             return ()
         return tuple(self.propose(seq, budget - 1))
 
