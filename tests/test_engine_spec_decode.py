@@ -384,3 +384,25 @@ def test_a_prompt_with_n_samples_forks_before_it_speculates(model, tokenizer):
     assert len(out.samples) == 2 and all(len(s.token_ids) == 12 for s in out.samples)
     assert engine.stats().spec_decoding.num_drafts > 0
     assert_clean(engine, 1)
+
+
+def test_allocator_truncate_frees_blocks_of_rejected_slots_only():
+    from servelab.kv.allocator import BlockAllocator
+
+    alloc = BlockAllocator(num_blocks=8, block_size=4, cache_on_compute=True)
+    alloc.allocate_prompt("s", [1, 2, 3, 4, 5, 6])
+    alloc.mark_computed("s", 6)
+    alloc.append_tokens("s", [7, 8, 9, 10, 11])  # slots 6..10: blocks 2 (8..11) is new
+    assert len(alloc.block_table("s")) == 3 and alloc.num_tokens("s") == 11
+    with pytest.raises(ValueError, match="tail_ids"):
+        alloc.truncate("s", 7, [5, 6])
+    with pytest.raises(ValueError, match="num_tokens"):
+        alloc.truncate("s", 3, [1, 2, 3])  # below the published first block
+    assert alloc.truncate("s", 7, [5, 6, 7]) == 1  # keep 0..6: block 2 held only rejected slots
+    assert alloc.num_tokens("s") == 7 and len(alloc.block_table("s")) == 2
+    alloc.append_tokens("s", [99])  # the block of slots 4..7 fills with the real next id
+    alloc.mark_computed("s", 8)
+    assert alloc.lookup_prefix([1, 2, 3, 4, 5, 6, 7, 99, 0]) == 8  # its key is the real ids', not the draft's
+    assert alloc.lookup_prefix([1, 2, 3, 4, 5, 6, 7, 8, 0]) == 4
+    alloc.free("s")
+    alloc.inspect().check_invariants()
