@@ -28,10 +28,10 @@ import torch
 from servelab.engine.sampler import SamplingRow, draw, next_token_probs
 from servelab.engine.spec_config import SpeculativeConfig
 from servelab.model.llama import LlamaForCausalLM
-from servelab.speculative import KVSession, PromptLookupProposer
 
 if TYPE_CHECKING:
     from servelab.engine.sequence import Sequence
+    from servelab.speculative import KVSession
 
 __all__ = ["DraftModelProposer", "NgramProposer", "Proposer", "make_proposer"]
 
@@ -68,6 +68,8 @@ class NgramProposer(Proposer):
     last n-gram, ``n`` from ``prompt_lookup_max`` down to ``prompt_lookup_min``."""
 
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        from servelab.speculative import PromptLookupProposer  # it imports the engine: not at module level
+
         super().__init__(config.num_speculative_tokens, max_model_len)
         self.lookup = PromptLookupProposer(config.prompt_lookup_max, config.prompt_lookup_min)
 
@@ -82,10 +84,12 @@ class DraftModelProposer(Proposer):
     def __init__(self, config: SpeculativeConfig, draft: LlamaForCausalLM, max_model_len: int) -> None:
         super().__init__(config.num_speculative_tokens, max_model_len)
         self.model = draft
-        self.sessions: dict[str, KVSession] = {}
+        self.sessions: dict[str, "KVSession"] = {}
         self._probs: dict[str, list[torch.Tensor]] = {}
 
     def _draft(self, seq: "Sequence", count: int) -> list[int]:
+        from servelab.speculative import KVSession  # it imports the engine: not at module level
+
         session = self.sessions.get(seq.seq_id)
         if session is None:
             session = self.sessions[seq.seq_id] = KVSession(self.model, self.max_model_len)

@@ -28,7 +28,6 @@ import torch
 
 from servelab.engine.sampler import SamplingRow, next_token_probs
 from servelab.engine.logits_processors import uses_processors
-from servelab.speculative import verify_draft
 
 if TYPE_CHECKING:
     from servelab.engine.sequence import Sequence
@@ -68,6 +67,8 @@ def verify(logits: torch.Tensor, seq: "Sequence", drafts: tuple[int, ...],
         q_rows = [_point_mass(token, probs.shape[-1]) for token in drafts]
     else:
         q_rows = [_normalised(q) for q in draft_probs[:len(drafts)]]
+    from servelab.speculative import verify_draft  # it imports the engine: not at module level
+
     rng = np.random.default_rng(int(torch.randint(0, 2**62, (), generator=seq.generator)))
     if not drafts:
         return Verified([None if first_dead == 0 else _draw(p_rows[0], rng)], 0)
