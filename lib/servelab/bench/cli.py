@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from servelab.bench import engine_bench
-from servelab.bench import real_model
+from servelab.bench import real_model, spec_bench
 from servelab.bench.engine_bench import DATA_DIR, SMOLLM2_135M
 from servelab.device import DTYPES, pick_device
 
@@ -28,12 +28,21 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"checkpoint folder (default: the shipped model), or {SMOLLM2_135M!r}: the real "
                              "SmolLM2-135M against transformers, its decode step against this machine's floor")
     parser.add_argument("--threads", type=int, default=None,
-                        help=f"torch threads (default: 1; 2 for {SMOLLM2_135M!r})")
+                        help=f"torch threads (default: 1; 2 for {SMOLLM2_135M!r} and --speculative)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="where to run (default: SERVELAB_DEVICE, else cuda when present, else cpu)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                         help="weights and KV dtype (default: SERVELAB_DTYPE, else bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--speculative", action="store_true",
+                        help="n-gram and draft-model speculation on the real SmolLM2-135M (CPU, 2 threads)")
     args = parser.parse_args(argv)
+    if args.speculative:
+        result = spec_bench.run(args.threads or 2, args.quick)
+        print(spec_bench.format_result(result))
+        out = args.out or DATA_DIR / "engine_bench_cpu_speculative.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nsaved {out}")
+        return
     if args.model == SMOLLM2_135M:
         result = real_model.run(args.threads or 2, args.quick)
         print(real_model.format_result(result))
@@ -42,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nsaved {out}")
         return
     if args.threads is not None:
-        parser.error(f"--threads applies only to --model {SMOLLM2_135M}")
+        parser.error(f"--threads applies only to --model {SMOLLM2_135M} and --speculative")
     try:
         where, _ = pick_device(args.device, args.dtype)
     except ValueError as exc:  # e.g. --device cuda on a machine without a GPU

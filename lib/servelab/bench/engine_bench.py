@@ -1,7 +1,9 @@
 """Engine benchmark: side by side in one process, on the same weights.
 
 ``python -m servelab.bench [--quick] [--out PATH] [--model DIR] [--device {cpu,cuda}]
-[--dtype {float32,bfloat16}]``
+[--dtype {float32,bfloat16}]``; ``python -m servelab.bench --speculative [--threads N]``: speculative
+decoding on the real SmolLM2-135M (:mod:`servelab.bench.spec_bench`, saved to
+``data/engine_bench_cpu_speculative.json``).
 
 Device and dtype follow :func:`servelab.device.pick_device` (CPU + float32 unless a GPU is present, or
 ``SERVELAB_DEVICE`` / ``SERVELAB_DTYPE`` say otherwise); every system runs the same weights there, and

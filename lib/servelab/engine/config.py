@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab._validate import require_int, require_interval, require_real, require_type
+from servelab.engine.spec_config import SpeculativeConfig, speculative_config
 from servelab.scheduling.queue_policy import ENGINE_POLICIES
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -67,6 +68,10 @@ class EngineConfig:
         ledger_size: terminal records kept in ``LLMEngine.ledger`` (a window of the most recent ones; its
             totals stay exact over every request). A new request id is refused while a request with it is
             live or among these last ``ledger_size`` ended ones; older ids are forgotten (memory stays flat).
+        speculative_config: speculative decoding, vLLM's dict (``{"method": "ngram",
+            "num_speculative_tokens": k, ...}`` or ``{"method": "draft_model", "model": ..., ...}``, see
+            :mod:`servelab.engine.spec_config`), stored checked as a ``SpeculativeConfig``; None (the default):
+            one token per decoding request per step.
     """
 
     block_size: int = 16
@@ -88,6 +93,7 @@ class EngineConfig:
     seed: int = 0
     trace_steps: int = 0
     ledger_size: int = 10_000
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -115,6 +121,7 @@ class EngineConfig:
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
         require_int("seed", self.seed)
+        object.__setattr__(self, "speculative_config", speculative_config(self.speculative_config))
 
     def _plain_device_and_dtype(self) -> None:
         """Store a ``torch.device`` / ``torch.dtype`` (what :func:`servelab.device.pick_device` returns) as

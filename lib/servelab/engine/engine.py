@@ -3,7 +3,9 @@
 **schedule** (:mod:`~servelab.engine.scheduler`) -> **prepare inputs** (the tick's chunks as one flat
 :class:`~servelab.engine.model_runner.ForwardInput`) -> **forward** (logits for the rows that sample) ->
 **sample** (:mod:`~servelab.engine.sampler`) -> **process outputs** (:func:`~servelab.engine.sequence.accept_token`:
-text, stop strings, EOS / length). Every ending (finished, cancelled, timed out, failed) goes through
+text, stop strings, EOS / length). With ``speculative_config`` a decoding request brings proposals to the
+tick (:mod:`~servelab.engine.spec_propose`), the forward pass scores them in the same batch, and phase 4
+verifies them (:mod:`~servelab.engine.spec_verify`) and rolls the rejected ones' KV back. Every ending (finished, cancelled, timed out, failed) goes through
 :meth:`EngineCore._end`: ``Scheduler.release`` for each sequence, one terminal record in :attr:`EngineCore.ledger`.
 :class:`EngineCore` owns the engine's state and its step; :class:`~servelab.engine.llm_engine.LLMEngine`, its
 subclass, is the API a caller drives between steps (load, add, cancel, pause / resume, stats).
@@ -30,9 +32,11 @@ from servelab.engine.parallel_sampling import fork_finished_prompts
 from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, lifecycle_state
 from servelab.engine.admission import reservation_policy
 from servelab.engine.sampler import SamplingRow, sample_tokens
-from servelab.engine.scheduler import Scheduler, SchedulerOutput
+from servelab.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from servelab.engine.sequence import (EngineRequest, RequestOutput, SampleOutput, Sequence, StepOutputs,
                                       accept_token, finish_text, request_output, usage)
+from servelab.engine.spec_propose import make_proposer
+from servelab.engine.spec_verify import SpecDecodingStats, verify
 from servelab.engine.trace import StepRecord
 from servelab.engine.validation import RequestValidator, check_components, context_limit
 from servelab.kv.allocator import BlockAllocator
@@ -63,8 +67,12 @@ class EngineCore:
                                         cache_on_compute=True)
         self.slots = SlotPool(config.max_num_seqs)
         reservation = reservation_policy(config.reservation_policy, config.block_size, self.max_model_len)
+        self.proposer = make_proposer(config.speculative_config, self.runner.model, self.max_model_len)
+        self.spec_stats = (None if self.proposer is None
+                           else SpecDecodingStats(config.speculative_config.num_speculative_tokens))
+        self.last_accepted: dict[str, int] = {}  # seq id -> drafts accepted in the latest step (the trace's)
         self.scheduler = Scheduler(config, self.allocator, self.runner.cache.copy_blocks, self.slots, reservation,
-                                   self.runner.host_swap)
+                                   self.runner.host_swap, None if self.proposer is None else self.proposer.propose)
         self.validator = RequestValidator(tokenizer, model.config.vocab_size, self.max_model_len, config,
                                           self.runner.num_blocks, self.scheduler.reservation)
         self.ledger = Ledger(max_records=config.ledger_size)
@@ -81,15 +89,18 @@ class EngineCore:
         """One iteration: end expired deadlines, schedule, phases 2-5 (:meth:`_run`), a trace record if on.
         Returns its outputs (deltas, finished requests included), the requests admitted, the preemptions."""
         start = self.clock()
+        self.last_accepted = {}
         outputs, self._pending = self._pending, []
         outputs += self._expire_deadlines(start)
         sched = self.last_schedule = self.scheduler.schedule()
         outputs += self._fail_unschedulable() if sched.is_empty else self._run(sched, start)
+        if self.proposer is not None:  # a draft model's KV goes with a sequence that ended or was preempted
+            self.proposer.keep_only({s.seq_id for s in self.scheduler.running})
         if sched.is_empty and not (outputs or sched.preempted or sched.swapped_out or sched.swapped_in):
             return StepOutputs(outputs)
         if self.config.trace_steps:  # tracing is off by default
             self.trace.append(StepRecord.of_step(self.num_steps, start, self.clock(), sched, outputs,
-                                                 self.allocator, self.scheduler))
+                                                 self.allocator, self.scheduler, self.last_accepted))
         self.num_steps += 1
         admitted = set(sched.admitted)
         return StepOutputs(outputs, tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks
@@ -106,10 +117,12 @@ class EngineCore:
             logits = self.runner.execute(batch)
         except Exception as exc:
             return self._fail([c.seq for c in sched.chunks], exc)
-        for chunk in sched.chunks:  # the KV of every chunk is now in the pool
-            self.scheduler.commit(chunk)
+        for chunk in sched.chunks:  # the KV of every chunk is now in the pool (verify rows: see _verify)
+            if not chunk.draft_ids:
+                self.scheduler.commit(chunk)
         logits, score_logits = logits[:len(batch.sample_indices)], logits[len(batch.sample_indices):]
-        sampled = [c.seq for c in sched.chunks if c.emits_token]
+        logits, verify_rows = _split_verify_rows(sched.chunks, logits)
+        sampled = [c.seq for c in sched.chunks if c.emits_token and not c.draft_ids]
         if any(seq.samples_to_fork for seq in sampled):  # n > 1: a prompt just computed forks into n samples
             picks = fork_finished_prompts(self.scheduler, sampled)
         else:
@@ -117,10 +130,11 @@ class EngineCore:
         try:
             if batch.score_rows:
                 logprobs.score_prompts(batch.score_rows, score_logits)
-            tokens = self._sample(logits, picks)
+            tokens = [[token] for token in self._sample(logits, picks)]
+            tokens += [self._verify(chunk, rows) for chunk, rows in verify_rows]
         except Exception as exc:
-            return self._fail([seq for seq, _ in picks], exc)
-        return self._process_outputs([seq for seq, _ in picks], tokens)
+            return self._fail([seq for seq, _ in picks] + [c.seq for c, _ in verify_rows], exc)
+        return self._process_outputs([seq for seq, _ in picks] + [c.seq for c, _ in verify_rows], tokens)
 
     def _prepare_inputs(self, sched: SchedulerOutput, start: float) -> ForwardInput:
         """Phase 2: the tick's chunks as one flat batch."""
@@ -146,18 +160,38 @@ class EngineCore:
             logprobs.record_sampled(logits, seqs, tokens)
         return tokens
 
-    def _process_outputs(self, seqs: list[Sequence], tokens: list[int | None]) -> list[RequestOutput]:
-        """Phase 5: each sampled token becomes text and maybe a stop; one output per sampled request.
+    def _verify(self, chunk: ScheduledChunk, logits: torch.Tensor) -> list[int | None]:
+        """Phase 4 of a verify row: the accepted drafts plus one token (cut after an EOS), the rejected
+        drafts' KV rolled back (``Scheduler.commit_verified``), the counters and logprobs updated."""
+        seq, drafts = chunk.seq, chunk.draft_ids
+        result = verify(logits, seq, drafts, self.proposer.draft_probs(seq, drafts))
+        self.scheduler.commit_verified(chunk, result.accepted)
+        self.spec_stats.observe(len(drafts), result.accepted)
+        self.last_accepted[seq.seq_id] = result.accepted
+        tokens = result.tokens
+        if not seq.params.ignore_eos:
+            tokens = next((tokens[:i + 1] for i, t in enumerate(tokens) if t in self._eos), tokens)
+        if seq.params.logprobs is not None:
+            logprobs.record_sampled(logits[:len(tokens)], [seq] * len(tokens), tokens)
+        return tokens
+
+    def _process_outputs(self, seqs: list[Sequence], tokens: list[list[int | None]]) -> list[RequestOutput]:
+        """Phase 5: each sampled token becomes text and maybe a stop; one output per sampled request. A
+        verify row brings several tokens: they are taken in order up to the first stop (the rest dropped).
         A sample that fails (masked vocabulary, undecodable text) fails its whole request."""
         now = self.clock()
         stops: dict[EngineRequest, list[tuple[Sequence, str]]] = {}  # every sampled request, batch order
         failures: dict[EngineRequest, str] = {}
-        for seq, token in zip(seqs, tokens):
+        for seq, seq_tokens in zip(seqs, tokens):
             request = seq.request
             stops.setdefault(request, [])
             if request in failures:  # a sibling already failed it: the whole request ends
                 continue
-            reason, detail = accept_token(seq, token, now, self._eos, self.max_model_len)
+            for token in seq_tokens:
+                reason, detail = accept_token(seq, token, now, self._eos, self.max_model_len)
+                if reason is not None:
+                    break
+            del seq.logprobs.generated[len(seq.output_ids):]  # those of tokens dropped after a stop
             if reason == "failed":
                 failures[request] = detail
             elif reason is not None:
@@ -220,3 +254,20 @@ class EngineCore:
         output = request_output(request.request_id, request.seqs, reason)
         request.seqs = []  # break the request <-> sequence cycle: refcounting, not the cyclic GC, frees both
         return output
+
+
+def _split_verify_rows(chunks: list[ScheduledChunk], logits: torch.Tensor
+                       ) -> tuple[torch.Tensor, list[tuple[ScheduledChunk, torch.Tensor]]]:
+    """The sampled logits (one row per emitting chunk, ``1 + len(draft_ids)`` per verify row, chunk order)
+    split into the one-token rows and each verify row's block."""
+    if not any(c.draft_ids for c in chunks):
+        return logits, []
+    plain, verify_rows, row = [], [], 0
+    for chunk in (c for c in chunks if c.emits_token):
+        width = 1 + len(chunk.draft_ids)
+        if chunk.draft_ids:
+            verify_rows.append((chunk, logits[row:row + width]))
+        else:
+            plain.append(row)
+        row += width
+    return logits[torch.tensor(plain, dtype=torch.long, device=logits.device)], verify_rows

@@ -8,6 +8,7 @@ None of it runs inside ``EngineCore.step``, which reads the requests these metho
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from servelab.engine.engine import EngineCore
 from servelab.engine.kv_pool_size import PoolSize
 from servelab.engine.request import lifecycle_state, new_request
 from servelab.engine.sequence import EngineRequest, RequestOutput
+from servelab.engine.spec_verify import SpecDecodingStats
 from servelab.lifecycle.ledger import LedgerTotals
 from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling.params import SamplingParams
@@ -30,13 +32,15 @@ from servelab.sampling.params import SamplingParams
 class EngineStats:
     """The engine's load between two steps: sequences per scheduler queue, and the fraction of KV blocks
     in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free); ``ended``: the
-    ledger's exact totals over every request that has ended (:class:`~servelab.lifecycle.ledger.LedgerTotals`)."""
+    ledger's exact totals over every request that has ended (:class:`~servelab.lifecycle.ledger.LedgerTotals`);
+    ``spec_decoding``: speculative decoding's counters so far, vLLM's names (None: speculation is off)."""
 
     num_running: int
     num_waiting: int
     num_swapped: int
     kv_cache_usage: float
     ended: LedgerTotals
+    spec_decoding: SpecDecodingStats | None = None
 
 
 class LLMEngine(EngineCore):
@@ -130,7 +134,8 @@ class LLMEngine(EngineCore):
         ``/metrics`` and its queue limit read: public questions, not the scheduler's lists), and the exact
         totals of every ended request (the ledger's, not its bounded window)."""
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
-                           self.allocator.num_used_blocks / self.allocator.num_blocks, self.ledger.totals())
+                           self.allocator.num_used_blocks / self.allocator.num_blocks, self.ledger.totals(),
+                           None if self.spec_stats is None else copy.deepcopy(self.spec_stats))
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request; its final output (``finish_reason="cancelled"``) comes from the next step.

@@ -189,7 +189,8 @@ class ForwardInput:
     """One forward pass's batch, flattened: every chunk's tokens one after another.
     ``token_ids[i]`` sits at absolute position ``positions[i]``; ``spans`` say which block table each
     chunk's tokens use (attention metadata); ``sample_indices`` are the flat indices of the last token
-    of each chunk whose logits are sampled, in chunk order. ``score_rows``: the prompt positions whose
+    of each chunk whose logits are sampled, in chunk order (a verify row of speculative decoding samples
+    all ``1 + len(draft_ids)`` of its positions). ``score_rows``: the prompt positions whose
     logits score the next prompt token (only for ``prompt_logprobs``, :func:`~servelab.engine.logprobs.score_rows`)."""
 
     token_ids: list[int] = field(default_factory=list)
@@ -206,11 +207,14 @@ class ForwardInput:
             end = chunk.start + chunk.num_tokens
             if seq.params.prompt_logprobs is not None:
                 batch.score_rows += score_rows(seq, chunk.start, end, len(batch.token_ids))
-            batch.token_ids += seq.tokens_between(chunk.start, end)
+            drafts = chunk.draft_ids
+            batch.token_ids += seq.tokens_between(chunk.start, end - len(drafts))
+            batch.token_ids += drafts
             batch.positions += range(chunk.start, end)
             batch.spans.append(ChunkSpan(chunk.start, chunk.num_tokens, table))
             if chunk.emits_token:
-                batch.sample_indices.append(len(batch.token_ids) - 1)
+                last = len(batch.token_ids)
+                batch.sample_indices += range(last - 1 - len(drafts), last)
         return batch
 
 

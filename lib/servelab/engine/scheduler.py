@@ -32,16 +32,23 @@ from servelab.scheduling.queue_policy import rank_waiting, running_key
 CopyBlocks = Callable[[list[tuple[int, int]]], None]
 """Copies the KV of physical block ``src`` into ``dst`` for each ``(src, dst)``, now (``KVCache.copy_blocks``)."""
 
+Propose = Callable[[Sequence, int], list[int]]
+"""Speculative decoding: at most ``limit`` draft token ids to verify after the decoding sequence's last
+token (:mod:`~servelab.engine.spec_propose`)."""
+
 
 @dataclass(frozen=True)
 class ScheduledChunk:
     """Compute ``num_tokens`` tokens of ``seq`` from position ``start``; ``emits_token``: the chunk
-    reaches the sequence's last known token, so its logits give the next one."""
+    reaches the sequence's last known token, so its logits give the next one. ``draft_ids``: a verify
+    row (speculative decoding): the last token then these proposals, ``num_tokens = 1 + len(draft_ids)``,
+    every position's logits kept."""
 
     seq: Sequence
     start: int
     num_tokens: int
     emits_token: bool
+    draft_ids: tuple[int, ...] = ()
 
     @property
     def seq_id(self) -> str:
@@ -85,8 +92,10 @@ class Scheduler:
     resetting it) and ``served`` (tenant -> tokens sampled for its sequences so far)."""
 
     def __init__(self, config: EngineConfig, allocator: BlockAllocator, copy_blocks: CopyBlocks, slots: SlotPool,
-                 reservation: ReservationPolicy, swap_space: HostSwapSpace | None = None) -> None:
+                 reservation: ReservationPolicy, swap_space: HostSwapSpace | None = None,
+                 propose: Propose | None = None) -> None:
         self.config = config
+        self.propose = propose  # speculative decoding's proposer (None: one token per decode)
         self.reservation = reservation
         self.allocator = allocator
         self.copy_blocks = copy_blocks
@@ -152,6 +161,25 @@ class Scheduler:
         self.allocator.mark_computed(seq.seq_id, seq.num_computed)
         if chunk.emits_token:
             self.served[seq.tenant] = self.served.get(seq.tenant, 0) + 1
+
+    def commit_verified(self, chunk: ScheduledChunk, accepted: int) -> int:
+        """The forward pass verified ``chunk``'s drafts and ``accepted`` of them stay: the last token and
+        those drafts have committed KV, the slots of the rejected ones are rolled back (``num_computed``
+        and the allocation move back, blocks holding only rejected slots are freed; under a rule that
+        never preempts they return to the sequence's reservation). Call before the accepted tokens are
+        appended to the sequence. Returns the blocks freed."""
+        seq = chunk.seq
+        kept = chunk.start + 1 + accepted
+        seq.num_computed = kept
+        block_size = self.allocator.block_size
+        known = seq.tokens_between(kept // block_size * block_size, chunk.start + 1)
+        tail = (known + list(chunk.draft_ids[:accepted]))[-(kept % block_size):] if kept % block_size else []
+        freed = self.allocator.truncate(seq.seq_id, kept, tail)
+        if freed and not self.reservation.preempts:
+            self.allocator.reserve(seq.seq_id, freed)
+        self.allocator.mark_computed(seq.seq_id, kept)
+        self.served[seq.tenant] = self.served.get(seq.tenant, 0) + 1 + accepted
+        return freed
 
     # ------------------------------------------------------------------------------- running sequences
 
@@ -227,10 +255,11 @@ class Scheduler:
             if count == 0:
                 i += 1
                 continue
-            if not self._grow_kv(seq, seq.num_computed + count, out):
+            drafts = self._drafts(seq, budget)
+            if not self._grow_kv(seq, seq.num_computed + count + len(drafts), out, drafts):
                 continue  # seq itself was preempted; the list shifted
-            self._add_chunk(out, seq, count)
-            budget -= count
+            self._add_chunk(out, seq, count, drafts)
+            budget -= count + len(drafts)
             i += 1
         return budget
 
@@ -241,13 +270,20 @@ class Scheduler:
             return remaining
         return budget if self.config.enable_chunked_prefill else 0
 
-    def _grow_kv(self, seq: Sequence, upto: int, out: SchedulerOutput) -> bool:
-        """Slots for positions up to ``upto``, preempting from the back of the running queue when the pool
-        is short. False when ``seq`` itself was preempted."""
+    def _drafts(self, seq: Sequence, budget: int) -> tuple[int, ...]:
+        """Proposals to verify after ``seq``'s last token, within the token budget left: only when that
+        token is all it has to compute, and not before a ``n > 1`` prompt has forked its samples."""
+        if self.propose is None or seq.num_uncomputed != 1 or seq.samples_to_fork or budget < 2:
+            return ()
+        return tuple(self.propose(seq, budget - 1))
+
+    def _grow_kv(self, seq: Sequence, upto: int, out: SchedulerOutput, drafts: tuple[int, ...] = ()) -> bool:
+        """Slots for positions up to ``upto`` (the sequence's tokens, then ``drafts``), preempting from the
+        back of the running queue when the pool is short. False when ``seq`` itself was preempted."""
         have = self.allocator.num_tokens(seq.seq_id)
         if have >= upto:
             return True
-        new_ids = seq.tokens_between(have, upto)
+        new_ids = (seq.tokens_between(have, upto) + list(drafts))[:upto - have]
         while True:
             try:
                 copies = self.allocator.append_tokens(seq.seq_id, new_ids)
@@ -260,9 +296,9 @@ class Scheduler:
             self._execute_copies(copies)
             return True
 
-    def _add_chunk(self, out: SchedulerOutput, seq: Sequence, count: int) -> None:
-        out.chunks.append(ScheduledChunk(seq, seq.num_computed, count,
-                                         emits_token=seq.num_computed + count == seq.num_tokens))
+    def _add_chunk(self, out: SchedulerOutput, seq: Sequence, count: int, drafts: tuple[int, ...] = ()) -> None:
+        out.chunks.append(ScheduledChunk(seq, seq.num_computed, count + len(drafts),
+                                         emits_token=seq.num_computed + count == seq.num_tokens, draft_ids=drafts))
 
     # ------------------------------------------------------------------------------- preemption
 

@@ -24,7 +24,9 @@ class StepRecord:
     start: float  # clock reading when the step began
     end: float = 0.0  # ... and when it ended
     prefill_tokens: dict[str, int] = field(default_factory=dict)  # prompt (or recompute) tokens computed
-    decode_tokens: dict[str, int] = field(default_factory=dict)  # decode tokens computed (always 1)
+    decode_tokens: dict[str, int] = field(default_factory=dict)  # decode tokens computed (1, or 1 + drafts)
+    draft_tokens: dict[str, int] = field(default_factory=dict)  # speculative decoding: drafts verified ...
+    accepted_tokens: dict[str, int] = field(default_factory=dict)  # ... and accepted, per verify row
     positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # (start, end) computed, end exclusive
     admitted: list[str] = field(default_factory=list)  # got KV blocks (new, or readmitted after recompute)
     preempted: list[str] = field(default_factory=list)  # KV dropped (recompute later)
@@ -47,18 +49,29 @@ class StepRecord:
         return self.end - self.start
 
     @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens this step's verify rows emitted per row, ``1 + accepted / rows`` (NaN: none this step)."""
+        rows = len(self.draft_tokens)
+        return 1 + sum(self.accepted_tokens.values()) / rows if rows else float("nan")
+
+    @property
     def num_batched_tokens(self) -> int:
         """Tokens in this step's forward pass."""
         return sum(self.prefill_tokens.values()) + sum(self.decode_tokens.values())
 
     @classmethod
     def of_step(cls, step: int, start: float, end: float, sched: "SchedulerOutput", outputs: list["RequestOutput"],
-                allocator: "BlockAllocator", scheduler: "Scheduler") -> "StepRecord":
+                allocator: "BlockAllocator", scheduler: "Scheduler",
+                accepted: dict[str, int] | None = None) -> "StepRecord":
         """The record of one step that ran ``sched`` between clock readings ``start`` and ``end`` and
-        produced ``outputs``, with the engine's pool and queues as the step left them."""
+        produced ``outputs``, with the engine's pool and queues as the step left them; ``accepted``:
+        drafts accepted per sequence id in this step (speculative decoding)."""
         record = cls(step=step, start=start)
         for chunk in sched.chunks:
             record.add_chunk(chunk, len(chunk.seq.prompt_ids))
+            if chunk.draft_ids:
+                record.draft_tokens[chunk.seq_id] = len(chunk.draft_ids)
+                record.accepted_tokens[chunk.seq_id] = (accepted or {}).get(chunk.seq_id, 0)
         finished = {o.request_id: o.finish_reason for o in outputs if o.finished}
         record.close(sched, allocator, scheduler, finished, end)
         return record
@@ -66,7 +79,7 @@ class StepRecord:
     def add_chunk(self, chunk: "ScheduledChunk", prompt_len: int) -> None:
         """Count one scheduled chunk as decode (the newest generated token) or prefill (anything that
         (re)fills the cache), with the positions it computes."""
-        decode = chunk.emits_token and chunk.num_tokens == 1 and chunk.start >= prompt_len
+        decode = chunk.emits_token and chunk.num_tokens == 1 + len(chunk.draft_ids) and chunk.start >= prompt_len
         counts = self.decode_tokens if decode else self.prefill_tokens
         counts[chunk.seq_id] = chunk.num_tokens
         self.positions[chunk.seq_id] = (chunk.start, chunk.start + chunk.num_tokens)

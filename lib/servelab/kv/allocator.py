@@ -1,5 +1,6 @@
 """``BlockAllocator``: the paged KV block allocator, the :class:`~servelab.kv.block_pool.BlockPool` one step
-uses plus what no ordinary step calls: ``fork`` (parallel sampling), ``restore`` (a swap-in), ``can_append``,
+uses plus what no ordinary step calls: ``fork`` (parallel sampling), ``restore`` (a swap-in), ``truncate``
+(speculative decoding's rollback), ``can_append``,
 and the small read-only interface (refcounts, tables, reservations, the prefix cache) that ``inspect()``
 wraps in a :class:`~servelab.kv.inspection.BlockPoolView` (sharing counts, owners, snapshots, invariant
 checks). Units are blocks or token slots.
@@ -162,3 +163,25 @@ class BlockAllocator(BlockPool):
         else:
             self._fill(seq, tokens)
         return list(table)
+
+    def truncate(self, seq_id: Hashable, num_tokens: int, tail_ids: Sequence[int]) -> int:
+        """Roll the sequence's allocated slots back to its first ``num_tokens`` (the KV of rejected draft
+        tokens): blocks past the last kept slot are released, and so are the chain keys of blocks that
+        filled with rejected ids. ``tail_ids``: the kept ids of the partly filled last block
+        (``num_tokens % block_size`` of them). Blocks already offered to the prefix cache stay (a
+        rollback never reaches below the computed slots). Returns how many blocks went back to the free list."""
+        seq = self._seq(seq_id)
+        if not seq.num_published * self._block_size <= num_tokens <= seq.num_tokens:
+            raise ValueError(f"num_tokens must be in [{seq.num_published * self._block_size}, {seq.num_tokens}] "
+                             f"(published .. allocated slots of {seq_id!r}), got {num_tokens}")
+        tail = require_indices("tail_ids", tail_ids, 0)
+        if len(tail) != num_tokens % self._block_size:
+            raise ValueError(f"tail_ids must hold num_tokens % block_size = {num_tokens % self._block_size} ids, "
+                             f"got {len(tail)}")
+        keep = blocks_for(num_tokens, self._block_size)
+        dropped, seq.table = seq.table[keep:], seq.table[:keep]
+        del seq.full_keys[num_tokens // self._block_size:]
+        seq.num_tokens = num_tokens
+        if seq.tail is not None:
+            seq.tail = list(tail)
+        return sum(self._decref(block) for block in reversed(dropped))

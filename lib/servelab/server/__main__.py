@@ -13,6 +13,7 @@ Stop it with Ctrl-C; every request in flight is cancelled and its KV freed.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from aiohttp import web
@@ -58,10 +59,30 @@ def build_parser() -> argparse.ArgumentParser:
                              "default: 0.9, the pool at most --max-num-seqs full-length requests; on the CPU "
                              "the pool takes half the available memory up to 4 GiB instead")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--speculative-config", type=_speculative_config, default=None, metavar="JSON",
+                        help='speculative decoding, vLLM\'s JSON, e.g. \'{"method": "ngram", '
+                             '"num_speculative_tokens": 4, "prompt_lookup_max": 3}\' or \'{"method": "draft_model", '
+                             '"model": "path/to/draft", "num_speculative_tokens": 3}\'')
     return parser
 
 
-ENGINE_FLAGS = ("max_num_seqs", "num_blocks", "max_num_batched_tokens", "gpu_memory_utilization", "device")
+def _speculative_config(text: str) -> dict:
+    """``--speculative-config``: a JSON object with vLLM's keys, checked like ``EngineConfig`` checks it."""
+    from servelab.engine.spec_config import speculative_config
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--speculative-config must be a JSON object: {exc}") from None
+    try:
+        speculative_config(value)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+ENGINE_FLAGS = ("max_num_seqs", "num_blocks", "max_num_batched_tokens", "gpu_memory_utilization", "device",
+                "speculative_config")
 """Flags passed on to :class:`~servelab.engine.EngineConfig` (as ``from_pretrained`` keywords) when given."""
 
 

@@ -87,6 +87,14 @@ class ServerMetrics:
         self.itl = self._histogram("inter_token_latency_seconds", "Time between two outputs of one request.")
         self.e2e = self._histogram("e2e_request_latency_seconds", "Submit to the engine -> request ended.")
         self.grammar_compile = self._histogram("grammar_compile_seconds", "Compiling a structured-output grammar.")
+        self._spec = {name: Counter(f"servelab:spec_decode_{name}", doc, model, registry=self.registry)
+                      for name, doc in (("num_drafts", "Verify rows with proposals (speculative decoding)."),
+                                        ("num_draft_tokens", "Proposed tokens verified."),
+                                        ("num_accepted_tokens", "Proposed tokens accepted."))}
+        self._spec_per_pos = Counter("servelab:spec_decode_num_accepted_tokens_per_pos", "Proposals accepted at "
+                                     "each position of a verify row.", ["model_name", "position"],
+                                     registry=self.registry)
+        self._spec_seen: dict[str, int] = {}  # engine totals already counted (the counters grow by the difference)
 
     def _histogram(self, name: str, doc: str):
         return Histogram(f"servelab:{name}", doc, ["model_name"], buckets=LATENCY_BUCKETS_S,
@@ -97,6 +105,17 @@ class ServerMetrics:
         for name, value in (("num_requests_running", stats.num_running), ("num_requests_waiting", stats.num_waiting),
                             ("num_requests_swapped", stats.num_swapped), ("kv_cache_usage_perc", stats.kv_cache_usage)):
             self._gauges[name].labels(self.model_name).set(value)
+        if stats.spec_decoding is not None:
+            self._count_spec(stats.spec_decoding)
+
+    def _count_spec(self, spec) -> None:
+        """Advance the speculative-decoding counters to the engine's totals (vLLM's ``spec_decode_*``)."""
+        counters = [(self._spec[name].labels(self.model_name), name, getattr(spec, name)) for name in self._spec]
+        counters += [(self._spec_per_pos.labels(self.model_name, str(i)), f"position {i}", total)
+                     for i, total in enumerate(spec.num_accepted_tokens_per_pos)]
+        for counter, key, total in counters:
+            counter.inc(total - self._spec_seen.get(key, 0))
+            self._spec_seen[key] = total
 
     def tokens(self, tenant: str, prompt: int = 0, generated: int = 0) -> None:
         """Count ``prompt`` accepted prompt tokens and ``generated`` new tokens for ``tenant``."""
