@@ -1,12 +1,11 @@
 """The decode step against this machine's roofline floor, on SmolLM2-135M's shape (the weight-bound regime).
 
-``python -m servelab.bench --model smollm2-135m [--quick] [--threads N] [--out PATH]`` runs
-:func:`run_smollm2`: a random-weight model with SmolLM2-135M's exact configuration (the speed regime depends
-only on shapes), this machine's roofline (:mod:`servelab.metrics.roofline`), then the engine's decode step at batch
-1 and 8 and ``transformers`` ``generate``'s per-token step at batch 1, each set against
-``max(bytes / bandwidth, FLOPs / peak, ops x overhead)``. "Fraction of floor" is the floor over the measured
-step (1.0 = at the floor). Then 32 requests with skewed output lengths: the engine vs ``generate`` on one
-padded batch (:func:`~servelab.bench.engine_bench.bench_skewed`, without the no-KV-cache loop).
+:func:`bench_floor` takes this machine's roofline (:mod:`servelab.metrics.roofline`), then the engine's
+decode step at a few batch sizes and ``transformers`` ``generate``'s per-token step at batch 1, each set
+against ``max(bytes / bandwidth, FLOPs / peak, ops x overhead)``. "Fraction of floor" is the floor over the
+measured step (1.0 = at the floor). :func:`smollm2_random` is a random-weight model with SmolLM2-135M's exact
+configuration (the speed regime depends only on shapes). ``python -m servelab.bench --model smollm2-135m``
+runs these on the real weights (:mod:`servelab.bench.real_model`).
 
 :func:`decode_floor_rows` is the engine part on any model, for the chapters' notebooks.
 
@@ -24,16 +23,14 @@ from collections.abc import Callable
 
 import torch
 
-from servelab.bench.engine_bench import (SMOLLM2_135M, bench_skewed, decoding_engine, hardware, hardware_line,
-                                   random_prompts, to_transformers)
-from servelab.model import load_tokenizer
+from servelab.bench.engine_bench import decoding_engine, hardware_line, random_prompts
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM
 from servelab.model.pretrained import SMOLLM2_135M_CONFIG
 from servelab.metrics.roofline import decode_cost
 from servelab.metrics.roofline.measured import Clock, Roofline, count_ops, decode_floor, measure_roofline, model_shape
 
 __all__ = ["bench_floor", "decode_floor_rows", "format_floor", "gemv_only", "gemv_only_s", "round_robin_medians",
-           "run_smollm2", "smollm2_random"]
+           "smollm2_random"]
 
 
 def smollm2_random(seed: int = 0) -> LlamaForCausalLM:
@@ -146,26 +143,9 @@ def bench_floor(model, tokenizer, hf, rng, batch_sizes: tuple[int, ...], context
             "engine_vs_generate_batch1": hf_step / rows[0]["step_s"]}
 
 
-def run_smollm2(threads: int = 2, quick: bool = False) -> dict:
-    """The weight-bound regime: :func:`bench_floor` on :func:`smollm2_random` in float32 on the CPU, at
-    batch 1 and 8 (a 135M step at batch 32 takes seconds on 2 cores)."""
-    torch.set_num_threads(threads)
-    machine = hardware(torch.device("cpu"), torch.float32)
-    rng = random.Random(0)
-    model = smollm2_random()
-    hf = to_transformers(model)
-    start = time.perf_counter()
-    tokenizer = load_tokenizer(None)
-    section = bench_floor(model, tokenizer, hf, rng, (1, 4) if quick else (1, 8), 32, 4 if quick else 20)
-    skewed = bench_skewed(model, tokenizer, hf, rng, 32, (4, 12), (48, 64), 1 if quick else 2, no_cache=False)
-    return {"hardware": machine, "model": {"name": SMOLLM2_135M, "weights": "random (seed 0)",
-                                              "parameters": sum(p.numel() for p in model.parameters()),
-                                              "config": model.config.to_hf_dict()},
-            "quick": quick, "seconds_total": time.perf_counter() - start, "floor": section, "skewed_32": skewed}
-
-
 def format_floor(result: dict) -> str:
-    """Human-readable summary of a :func:`run_smollm2` result."""
+    """Human-readable summary of a result holding a :func:`bench_floor` section under ``"floor"`` (and
+    optionally a :func:`~servelab.bench.engine_bench.bench_skewed` run under ``"skewed_32"``)."""
     floor, roof = result["floor"], result["floor"]["roofline"]
     lines = [f"hardware: {hardware_line(result)}",
              f"read bandwidth {roof['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, fp32 peak "

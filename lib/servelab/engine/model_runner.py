@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
