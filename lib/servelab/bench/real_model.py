@@ -24,6 +24,7 @@ System boundary: this process on the CPU, ``threads`` torch threads, wall-clock 
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +42,7 @@ from servelab.model import load_tokenizer
 from servelab.model.llama import LlamaForCausalLM
 from servelab.metrics.roofline.measured import measure_roofline
 
-__all__ = ["TARGETS", "format_result", "native_bf16", "run"]
+__all__ = ["TARGETS", "format_result", "native_bf16", "pool_lesson", "run"]
 
 TARGETS = {"engine_vs_generate": 1.5, "engine_vs_generate_batch": 2.0, "batch1_fraction_of_weight_read_floor": 0.85}
 """The course's targets on this model (fp32): at 8 and 32 requests the engine at least 1.5x ``generate`` on one
@@ -138,6 +139,30 @@ def bench_throughput(model, tokenizer, hf, rng: random.Random, concurrency: int,
     if bf16_model is not None:
         result["bf16_vs_fp32"] = _band(compare_ratios(times["engine"], times["engine_bf16"]))
     return result
+
+
+def pool_lesson(model: LlamaForCausalLM, tokenizer, hf, prompts: list[list[int]], new_tokens: int,
+                repeats: int, small_pool_bytes: int = 64 << 20) -> dict:
+    """§5's lesson on the real model: the same requests, all at once, through the engine with its default KV
+    pool (sized from the memory there is), the engine with a fixed pool of ``small_pool_bytes`` (64 MiB: the
+    course's old default), and ``generate`` on one left-padded static batch, interleaved repeat by repeat
+    (the first round warms up). Tokens/s of each, each pool's size, and each engine against ``generate``:
+    the median paired ratio (above 1: the engine is faster), its band and verdict."""
+    params = [greedy(new_tokens)] * len(prompts)
+    engines = {"engine_default_pool": LLMEngine(model, tokenizer, engine_config(model)),
+               "engine_small_pool": LLMEngine(model, tokenizer,
+                                              engine_config(model, kv_cache_memory_bytes=small_pool_bytes))}
+    systems: dict[str, Callable[[], object]] = {
+        name: (lambda engine=engine: engine.generate(prompts, params)) for name, engine in engines.items()}
+    systems["transformers_generate_static"] = lambda: hf_generate(hf, prompts, new_tokens)
+    times = interleaved(systems, repeats)
+    tokens = len(prompts) * new_tokens
+    static = times["transformers_generate_static"]
+    return {"requests": len(prompts), "new_tokens": new_tokens, "prompt_tokens": [len(p) for p in prompts],
+            "pools": {name: engine.kv_pool.describe() for name, engine in engines.items()},
+            "pool_blocks": {name: engine.kv_pool.num_blocks for name, engine in engines.items()},
+            "tokens_per_s": {name: tokens / statistics.median(t) for name, t in times.items()},
+            "vs_generate": {name: _band(compare_ratios(static, times[name])) for name in engines}}
 
 
 def targets_met(throughput: dict[str, dict], floor: dict) -> dict[str, bool]:
