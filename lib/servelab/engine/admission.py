@@ -4,8 +4,8 @@ The scheduler holds one :class:`ReservationPolicy`; the default, ``"on-demand"``
 engine), is that class itself. :class:`UpFrontReservation` is the course's other rule (as TGI): a
 running request is never preempted, at the price of blocks promised (and idle) from admission to the
 end. :class:`PerStepAllocation` is vLLM V1's rule: no reservation, blocks for the tokens each step
-schedules. :func:`reservation_policy` builds the rule ``EngineConfig.reservation_policy`` names; the rules in
-words, for the book, are :mod:`servelab.lifecycle.reservation_rules`. Units: blocks of
+schedules. :func:`reservation_policy` builds the rule ``EngineConfig.reservation_policy`` names;
+the rules in words, for the book, are :mod:`servelab.lifecycle.reservation_rules`. Units: blocks of
 ``block_size`` token slots; tokens for lengths.
 """
 
@@ -19,7 +19,8 @@ from servelab.engine.sequence import Sequence
 from servelab.kv.allocator import BlockAllocator
 from servelab.kv.arithmetic import blocks_for
 
-__all__ = ["ReservationPolicy", "UpFrontReservation", "PerStepAllocation", "RESERVATIONS", "reservation_policy"]
+__all__ = ["ReservationPolicy", "UpFrontReservation", "PerStepAllocation", "RESERVATIONS",
+           "reservation_policy"]
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,8 @@ class ReservationPolicy:
         return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
 
     def slots_at_admission(self, num_tokens: int, scheduled_end: int) -> int:
-        """Leading tokens of a ``num_tokens``-token sequence that get KV slots when it is admitted, its
-        first chunk ending at token ``scheduled_end``: the whole prompt (and recompute) here."""
+        """Leading tokens of a ``num_tokens``-token sequence that get KV slots at its admission, its
+        first chunk ending at token ``scheduled_end``: all of them (prompt, or a recompute) here."""
         return num_tokens
 
     def admit(self, allocator: BlockAllocator, seq: Sequence, upto: int | None = None) -> bool:
@@ -86,12 +87,12 @@ class UpFrontReservation(ReservationPolicy):
 
 
 class PerStepAllocation(ReservationPolicy):
-    """``"per-step"`` (vLLM V1): no reservation step. Admission allocates only the slots of the first
-    chunk the step schedules (after the prefix-cache hit); every later step allocates the slots of the
-    tokens it schedules (the next prefill chunk or a decode token), and a running request whose
-    allocation fails preempts the lowest-ranked running one by recompute. In vLLM
-    (``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule``) both the running and the waiting loop
-    call ``KVCacheManager.allocate_slots(request, num_new_tokens, ...)``
+    """``"per-step"`` (vLLM V1): no reservation step. Admission allocates only the slots of the
+    first chunk the step schedules (after the prefix-cache hit); every later step allocates those
+    of the tokens it schedules (the next prefill chunk or a decode token), and a running request
+    whose allocation fails preempts the lowest-ranked running one by recompute. In vLLM
+    (``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule``) the running and the waiting loop
+    both call ``KVCacheManager.allocate_slots(request, num_new_tokens, ...)``
     (``vllm/v1/core/kv_cache_manager.py``), which returns None when the free blocks are too few: a
     waiting request then stays queued, a running one pops ``self.running`` and ``_preempt_request``
     frees its blocks and sets ``num_computed_tokens = 0``."""
@@ -103,8 +104,8 @@ class PerStepAllocation(ReservationPolicy):
         return scheduled_end
 
 
-RESERVATIONS: dict[str, type[ReservationPolicy]] = {"on-demand": ReservationPolicy, "up-front": UpFrontReservation,
-                                                    "per-step": PerStepAllocation}
+RESERVATIONS: dict[str, type[ReservationPolicy]] = {
+    "on-demand": ReservationPolicy, "up-front": UpFrontReservation, "per-step": PerStepAllocation}
 assert tuple(RESERVATIONS) == RESERVATION_POLICIES
 
 

@@ -14,7 +14,8 @@ from servelab.engine.spec_config import SpeculativeConfig, speculative_config
 from servelab.scheduling.queue_policy import ENGINE_POLICIES
 
 PREEMPTION_MODES = ("recompute", "swap")
-RESERVATION_POLICIES = ("on-demand", "up-front", "per-step")  # the rules of servelab.engine.admission.RESERVATIONS
+# the rules of servelab.engine.admission.RESERVATIONS
+RESERVATION_POLICIES = ("on-demand", "up-front", "per-step")
 
 
 @dataclass(frozen=True)

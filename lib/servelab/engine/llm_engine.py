@@ -34,7 +34,7 @@ class EngineStats:
     """The engine's load between two steps: sequences per scheduler queue, and the fraction of KV blocks
     in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free); ``ended``: the
     ledger's exact totals over every request that has ended (:class:`~servelab.lifecycle.ledger.LedgerTotals`);
-    ``spec_decoding``: speculative decoding's counters so far, vLLM's names (None: speculation is off);
+    ``spec_decoding``: speculative decoding's counters so far, vLLM's names (None: speculation off);
     ``preemption``: preemption by recompute so far, and the prefix-cache hits of the readmissions
     (:class:`~servelab.engine.scheduler.PreemptionStats`, vLLM's ``preempted_*`` names)."""
 

@@ -78,7 +78,7 @@ class PreemptionStats:
         recomputed_tokens: tokens whose KV a sequence had computed before a preemption and computed
             again after it (the prefix-cache hits at readmission are not among them).
         preempted_requests: readmissions of preempted sequences.
-        preempted_queries: tokens those readmissions looked up in the prefix cache (all their tokens).
+        preempted_queries: tokens those readmissions looked up in the prefix cache (all of theirs).
         preempted_hits: of those, tokens found there (full blocks), not computed again.
     """
 
@@ -138,7 +138,7 @@ class Scheduler:
         self.ticks = 0
         self.served: dict[str, int] = {}
         self.preemption = PreemptionStats()
-        # seq id -> tokens it had computed when last preempted by recompute, until it computes past them
+        # seq id -> tokens it had computed when last preempted by recompute, until it is past them
         self._dropped_at: dict[str, int] = {}
 
     def add(self, seq: Sequence) -> None:
@@ -217,7 +217,8 @@ class Scheduler:
         return freed
 
     def _count_recompute(self, seq_id: str, start: int, end: int) -> None:
-        """Count the tokens of ``[start, end)`` that ``seq_id`` had computed before its last preemption."""
+        """Count the tokens of ``[start, end)`` that ``seq_id`` had computed before its last
+        preemption."""
         dropped = self._dropped_at.get(seq_id)
         if dropped is None:
             return
@@ -348,10 +349,10 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Free ``seq``'s device blocks: swap its computed KV to host memory if configured and possible,
-        otherwise drop it (recompute later). Dropped, its full computed blocks stay in the prefix cache
-        as free, evictable blocks (``BlockPool.free``: tail first, so the prompt's head is evicted last),
-        and readmission hits those still there (vLLM V1 frees a preempted request's blocks the same way,
-        ``KVCacheManager.free``, keeping their hashes)."""
+        otherwise drop it (recompute later). Dropped, its full computed blocks stay in the prefix
+        cache as free, evictable blocks (``BlockPool.free``: tail first, so the prompt's head is
+        evicted last), and readmission hits those still there (vLLM V1 frees a preempted request's
+        blocks the same way, ``KVCacheManager.free``, keeping their hashes)."""
         self.running.remove(seq)
         self.slots.release(seq.seq_id)
         if self.config.preemption_mode == "swap" and self.swap_out(seq, out):
@@ -380,15 +381,16 @@ class Scheduler:
         """Admit ``seq`` and schedule its first chunk; False: no room (slots, blocks or token budget).
         The rule decides how many of its tokens get slots now (the whole prompt, or under
         ``"per-step"`` only the first chunk). Skipping the cached prefix is safe: a block enters the
-        prefix cache only once :meth:`commit` reports it computed, so a block another request is still
-        prefilling is a miss here."""
+        prefix cache only once :meth:`commit` reports it computed, so a block another request is
+        still prefilling is a miss here."""
         tokens = seq.token_ids
         if self.slots.available < seq.batch_slots:
             return False
         uncached = len(tokens) - self.allocator.lookup_prefix(tokens, seq.namespace)
         if not self.config.enable_chunked_prefill and uncached > budget:
             return False
-        upto = self.reservation.slots_at_admission(len(tokens), len(tokens) - uncached + min(uncached, budget))
+        first_chunk_end = len(tokens) - uncached + min(uncached, budget)
+        upto = self.reservation.slots_at_admission(len(tokens), first_chunk_end)
         if not self.reservation.admit(self.allocator, seq, upto):
             return False
         # fits the reservation just made
@@ -396,7 +398,7 @@ class Scheduler:
         self._execute_copies(allocation.copies)
         self.reservation.keep_output_promise(self.allocator, seq)
         cached = allocation.cached_prompt_tokens
-        if seq.seq_id in self._dropped_at:  # readmitted after a preemption by recompute: vLLM's counters
+        if seq.seq_id in self._dropped_at:  # readmitted after a preemption by recompute
             self.preemption.preempted_requests += 1
             self.preemption.preempted_queries += len(tokens)
             self.preemption.preempted_hits += cached
