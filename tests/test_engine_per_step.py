@@ -167,3 +167,18 @@ def test_the_study_reports_recompute_and_times_each_rule_against_on_demand(model
     assert all(c.ratio > 0 and c.band[0] <= c.band[1] for t in timed.values() for c in t.values())
     with pytest.raises(ValueError, match="baseline"):
         time_reservation_policies(model, tokenizer, prompts, [4] * 6, budget, baseline="fcfs")
+
+
+def test_per_step_stays_exact_with_speculative_drafts_under_preemption(model, tokenizer):
+    phrases = [p[:6] for p in make_prompts(11, 6)]
+    prompts = [phrase * 4 for phrase in phrases]  # repeated phrases: n-gram lookup finds drafts
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    engine = LLMEngine(model, tokenizer, config(
+        block_size=4, num_blocks=24, max_num_batched_tokens=24, max_model_len=128,
+        reservation_policy="per-step",
+        speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+                            "prompt_lookup_min": 1}))
+    assert run_to_end(engine, prompts, params) == [expected_ids(model, p, params) for p in prompts]
+    assert engine.stats().preemption.num_preemptions > 0
+    assert engine.stats().spec_decoding.num_draft_tokens > 0
+    assert_clean(engine, len(prompts))
