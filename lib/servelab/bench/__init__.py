@@ -12,5 +12,5 @@
   operator's cost, load), measured once per build and read by every page that describes "this machine";
 * :mod:`~servelab.bench.claims` -- the built book's measured claims checked against each other: one
   value per profile quantity, no speed word inside its band, no fitted fixed part above a measured total;
-* :mod:`~servelab.bench.admission_study` -- both admission rules (reservation policies) on one workload.
+* :mod:`~servelab.bench.admission_study` -- the admission rules (reservation policies) compared.
 """

@@ -1,10 +1,11 @@
 """Admission: the KV blocks a request is promised when the scheduler admits it, under each rule.
 
-The scheduler holds one :class:`ReservationPolicy`; the default, ``"on-demand"`` (as vLLM), is that
-class itself. :class:`UpFrontReservation` is the other rule (as TGI): a running request is never
-preempted, at the price of blocks promised (and idle) from admission to the end.
-:func:`reservation_policy` builds the rule ``EngineConfig.reservation_policy`` names; the rules in
-words, for the book, are :mod:`servelab.lifecycle.reservation_rules`. Units: blocks of
+The scheduler holds one :class:`ReservationPolicy`; the default, ``"on-demand"`` (as vLLM's first
+engine), is that class itself. :class:`UpFrontReservation` is the course's other rule (as TGI): a
+running request is never preempted, at the price of blocks promised (and idle) from admission to the
+end. :class:`PerStepAllocation` is vLLM V1's rule: no reservation, blocks for the tokens each step
+schedules. :func:`reservation_policy` builds the rule ``EngineConfig.reservation_policy`` names;
+the rules in words, for the book, are :mod:`servelab.lifecycle.reservation_rules`. Units: blocks of
 ``block_size`` token slots; tokens for lengths.
 """
 
@@ -18,7 +19,8 @@ from servelab.engine.sequence import Sequence
 from servelab.kv.allocator import BlockAllocator
 from servelab.kv.arithmetic import blocks_for
 
-__all__ = ["ReservationPolicy", "UpFrontReservation", "RESERVATIONS", "reservation_policy"]
+__all__ = ["ReservationPolicy", "UpFrontReservation", "PerStepAllocation", "RESERVATIONS",
+           "reservation_policy"]
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,16 @@ class ReservationPolicy:
         """Most blocks one request may hold or be promised at once (more than the pool: it never runs)."""
         return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
 
-    def admit(self, allocator: BlockAllocator, seq: Sequence) -> bool:
-        """Phase 1: reserve the uncached prompt blocks plus the output promise; False (nothing reserved)
-        when the unreserved headroom is too small."""
-        need = allocator.num_blocks_to_allocate(seq.token_ids, seq.namespace)
+    def slots_at_admission(self, num_tokens: int, scheduled_end: int) -> int:
+        """Leading tokens of a ``num_tokens``-token sequence that get KV slots at its admission, its
+        first chunk ending at token ``scheduled_end``: all of them (prompt, or a recompute) here."""
+        return num_tokens
+
+    def admit(self, allocator: BlockAllocator, seq: Sequence, upto: int | None = None) -> bool:
+        """Phase 1: reserve the blocks of the uncached tokens among the first ``upto`` (None: all of
+        them) plus the output promise; False (nothing reserved) when the unreserved headroom is too
+        small."""
+        need = allocator.num_blocks_to_allocate(seq.token_ids[:upto], seq.namespace)
         return allocator.reserve(seq.seq_id, need + self.output_blocks(seq.num_tokens, seq.remaining_tokens,
                                                                        seq.batch_slots))
 
@@ -78,7 +86,26 @@ class UpFrontReservation(ReservationPolicy):
         return blocks_for(prompt_tokens, self.block_size) + self.output_blocks(prompt_tokens, max_tokens, samples)
 
 
-RESERVATIONS: dict[str, type[ReservationPolicy]] = {"on-demand": ReservationPolicy, "up-front": UpFrontReservation}
+class PerStepAllocation(ReservationPolicy):
+    """``"per-step"`` (vLLM V1): no reservation step. Admission allocates only the slots of the
+    first chunk the step schedules (after the prefix-cache hit); every later step allocates those
+    of the tokens it schedules (the next prefill chunk or a decode token), and a running request
+    whose allocation fails preempts the lowest-ranked running one by recompute. In vLLM
+    (``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule``) the running and the waiting loop
+    both call ``KVCacheManager.allocate_slots(request, num_new_tokens, ...)``
+    (``vllm/v1/core/kv_cache_manager.py``), which returns None when the free blocks are too few: a
+    waiting request then stays queued, a running one pops ``self.running`` and ``_preempt_request``
+    frees its blocks and sets ``num_computed_tokens = 0``."""
+
+    name = "per-step"
+
+    def slots_at_admission(self, num_tokens: int, scheduled_end: int) -> int:
+        """Only the tokens of the first scheduled chunk, up to ``scheduled_end``."""
+        return scheduled_end
+
+
+RESERVATIONS: dict[str, type[ReservationPolicy]] = {
+    "on-demand": ReservationPolicy, "up-front": UpFrontReservation, "per-step": PerStepAllocation}
 assert tuple(RESERVATIONS) == RESERVATION_POLICIES
 
 

@@ -14,7 +14,8 @@ from servelab.engine.spec_config import SpeculativeConfig, speculative_config
 from servelab.scheduling.queue_policy import ENGINE_POLICIES
 
 PREEMPTION_MODES = ("recompute", "swap")
-RESERVATION_POLICIES = ("on-demand", "up-front")  # the rules of servelab.engine.admission.RESERVATIONS
+# the rules of servelab.engine.admission.RESERVATIONS
+RESERVATION_POLICIES = ("on-demand", "up-front", "per-step")
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,9 @@ class EngineConfig:
         reservation_policy: the admission rule, a name in :data:`RESERVATION_POLICIES` (see
             ``servelab.engine.admission``): ``"on-demand"`` (reserve the uncached
             prompt blocks, grow block by block, preempt under pressure) or ``"up-front"`` (reserve
-            prompt + ``max_tokens`` blocks at admission, never preempt).
+            prompt + ``max_tokens`` blocks at admission, never preempt), both the course's model; or
+            ``"per-step"`` (vLLM V1: reserve nothing, allocate the blocks of the tokens each step
+            schedules, a prefill chunk or a decode token, and preempt under pressure).
         max_model_len: context limit in tokens (prompt + output); ``None`` uses the model's
             ``max_position_embeddings``.
         device: torch device string; ``None`` keeps the model where it is (``from_pretrained``, which

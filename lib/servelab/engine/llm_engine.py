@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
@@ -21,6 +21,7 @@ from servelab.engine.config import EngineConfig
 from servelab.engine.engine import EngineCore
 from servelab.engine.kv_pool_size import PoolSize
 from servelab.engine.request import lifecycle_state, new_request
+from servelab.engine.scheduler import PreemptionStats
 from servelab.engine.sequence import EngineRequest, RequestOutput
 from servelab.engine.spec_verify import SpecDecodingStats
 from servelab.lifecycle.ledger import LedgerTotals
@@ -33,7 +34,9 @@ class EngineStats:
     """The engine's load between two steps: sequences per scheduler queue, and the fraction of KV blocks
     in use (``kv_cache_usage`` in [0, 1]; blocks only in the prefix cache count as free); ``ended``: the
     ledger's exact totals over every request that has ended (:class:`~servelab.lifecycle.ledger.LedgerTotals`);
-    ``spec_decoding``: speculative decoding's counters so far, vLLM's names (None: speculation is off)."""
+    ``spec_decoding``: speculative decoding's counters so far, vLLM's names (None: speculation off);
+    ``preemption``: preemption by recompute so far, and the prefix-cache hits of the readmissions
+    (:class:`~servelab.engine.scheduler.PreemptionStats`, vLLM's ``preempted_*`` names)."""
 
     num_running: int
     num_waiting: int
@@ -41,6 +44,7 @@ class EngineStats:
     kv_cache_usage: float
     ended: LedgerTotals
     spec_decoding: SpecDecodingStats | None = None
+    preemption: PreemptionStats = field(default_factory=PreemptionStats)
 
 
 class LLMEngine(EngineCore):
@@ -135,7 +139,8 @@ class LLMEngine(EngineCore):
         totals of every ended request (the ledger's, not its bounded window)."""
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.scheduler.swapped),
                            self.allocator.num_used_blocks / self.allocator.num_blocks, self.ledger.totals(),
-                           None if self.spec_stats is None else copy.deepcopy(self.spec_stats))
+                           None if self.spec_stats is None else copy.deepcopy(self.spec_stats),
+                           copy.copy(self.scheduler.preemption))
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request; its final output (``finish_reason="cancelled"``) comes from the next step.

@@ -66,6 +66,36 @@ class Released:
 
 
 @dataclass
+class PreemptionStats:
+    """What preemption by recompute cost so far, and what the prefix cache saved of it. Counts are
+    tokens, except ``num_preemptions`` and ``preempted_requests``. The last three are vLLM V1's
+    ``PrefixCacheStats`` fields of the same names (``vllm/v1/metrics/stats.py``): the prefix-cache
+    lookups of requests admitted again after a preemption, kept apart from those of new requests.
+
+    Attributes:
+        num_preemptions: sequences preempted by recompute (a failed swap-out counts here).
+        dropped_tokens: computed tokens whose KV those preemptions gave up.
+        recomputed_tokens: tokens whose KV a sequence had computed before a preemption and computed
+            again after it (the prefix-cache hits at readmission are not among them).
+        preempted_requests: readmissions of preempted sequences.
+        preempted_queries: tokens those readmissions looked up in the prefix cache (all of theirs).
+        preempted_hits: of those, tokens found there (full blocks), not computed again.
+    """
+
+    num_preemptions: int = 0
+    dropped_tokens: int = 0
+    recomputed_tokens: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """``preempted_hits / preempted_queries`` (0.0 before any readmission)."""
+        return self.preempted_hits / self.preempted_queries if self.preempted_queries else 0.0
+
+
+@dataclass
 class SchedulerOutput:
     """What one tick decided. Lists hold sequence ids."""
 
@@ -107,6 +137,9 @@ class Scheduler:
         self.swapped: list[Sequence] = []
         self.ticks = 0
         self.served: dict[str, int] = {}
+        self.preemption = PreemptionStats()
+        # seq id -> tokens it had computed when last preempted by recompute, until it is past them
+        self._dropped_at: dict[str, int] = {}
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request for admission."""
@@ -125,6 +158,7 @@ class Scheduler:
         if seq in queue:  # a sibling that never forked was in no queue
             queue.remove(seq)
         swap = self.swap_space.release(seq.seq_id) if seq.status is SeqStatus.SWAPPED else 0
+        self._dropped_at.pop(seq.seq_id, None)
         seq.status = SeqStatus.FINISHED
         reservation = self.allocator.release_reservation(seq.seq_id)
         return Released(self.allocator.free(seq.seq_id), reservation, self.slots.release(seq.seq_id), swap)
@@ -158,6 +192,7 @@ class Scheduler:
         it filled to the prefix cache, and count a sampled token for the tenant."""
         seq = chunk.seq
         seq.num_computed = chunk.start + chunk.num_tokens
+        self._count_recompute(seq.seq_id, chunk.start, seq.num_computed)
         self.allocator.mark_computed(seq.seq_id, seq.num_computed)
         if chunk.emits_token:
             self.served[seq.tenant] = self.served.get(seq.tenant, 0) + 1
@@ -180,6 +215,16 @@ class Scheduler:
         self.allocator.mark_computed(seq.seq_id, kept)
         self.served[seq.tenant] = self.served.get(seq.tenant, 0) + 1 + accepted
         return freed
+
+    def _count_recompute(self, seq_id: str, start: int, end: int) -> None:
+        """Count the tokens of ``[start, end)`` that ``seq_id`` had computed before its last
+        preemption."""
+        dropped = self._dropped_at.get(seq_id)
+        if dropped is None:
+            return
+        self.preemption.recomputed_tokens += max(0, min(end, dropped) - start)
+        if end >= dropped:
+            del self._dropped_at[seq_id]
 
     # ------------------------------------------------------------------------------- running sequences
 
@@ -304,12 +349,19 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Free ``seq``'s device blocks: swap its computed KV to host memory if configured and possible,
-        otherwise drop it (recompute later)."""
+        otherwise drop it (recompute later). Dropped, its full computed blocks stay in the prefix
+        cache as free, evictable blocks (``BlockPool.free``: tail first, so the prompt's head is
+        evicted last), and readmission hits those still there (vLLM V1 frees a preempted request's
+        blocks the same way, ``KVCacheManager.free``, keeping their hashes)."""
         self.running.remove(seq)
         self.slots.release(seq.seq_id)
         if self.config.preemption_mode == "swap" and self.swap_out(seq, out):
             return
         self.allocator.free(seq.seq_id)
+        stats = self.preemption
+        stats.num_preemptions += 1
+        stats.dropped_tokens += seq.num_computed
+        self._dropped_at[seq.seq_id] = max(seq.num_computed, self._dropped_at.get(seq.seq_id, 0))
         seq.num_computed = 0
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
@@ -327,20 +379,29 @@ class Scheduler:
 
     def _try_admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
         """Admit ``seq`` and schedule its first chunk; False: no room (slots, blocks or token budget).
-        Skipping the cached prefix is safe: a block enters the prefix cache only once :meth:`commit`
-        reports it computed, so a block another request is still prefilling is a miss here."""
+        The rule decides how many of its tokens get slots now (the whole prompt, or under
+        ``"per-step"`` only the first chunk). Skipping the cached prefix is safe: a block enters the
+        prefix cache only once :meth:`commit` reports it computed, so a block another request is
+        still prefilling is a miss here."""
         tokens = seq.token_ids
         if self.slots.available < seq.batch_slots:
             return False
-        if (not self.config.enable_chunked_prefill
-                and len(tokens) - self.allocator.lookup_prefix(tokens, seq.namespace) > budget):
+        uncached = len(tokens) - self.allocator.lookup_prefix(tokens, seq.namespace)
+        if not self.config.enable_chunked_prefill and uncached > budget:
             return False
-        if not self.reservation.admit(self.allocator, seq):
+        first_chunk_end = len(tokens) - uncached + min(uncached, budget)
+        upto = self.reservation.slots_at_admission(len(tokens), first_chunk_end)
+        if not self.reservation.admit(self.allocator, seq, upto):
             return False
-        allocation = self.allocator.allocate_prompt(seq.seq_id, tokens, seq.namespace)  # fits the reservation
+        # fits the reservation just made
+        allocation = self.allocator.allocate_prompt(seq.seq_id, tokens[:upto], seq.namespace)
         self._execute_copies(allocation.copies)
         self.reservation.keep_output_promise(self.allocator, seq)
         cached = allocation.cached_prompt_tokens
+        if seq.seq_id in self._dropped_at:  # readmitted after a preemption by recompute
+            self.preemption.preempted_requests += 1
+            self.preemption.preempted_queries += len(tokens)
+            self.preemption.preempted_hits += cached
         self.waiting.remove(seq)
         self.slots.acquire(seq.seq_id, seq.batch_slots)
         seq.num_computed = cached

@@ -16,6 +16,8 @@ __all__ = ["RULES", "default_policy", "default_rule", "rule_for"]
 RULES: dict[str, str] = {
     "on-demand": "the blocks of the uncached prompt only, the output growing block by block",
     "up-front": "the blocks of the uncached prompt plus those of max_tokens more tokens",
+    "per-step": ("nothing ahead: each step allocates blocks only for the uncached prompt tokens it "
+                 "schedules (a chunk at a time), then one decode token at a time"),
 }
 """What admission reserves under each policy of ``servelab.engine.config.RESERVATION_POLICIES``."""
 
