@@ -63,7 +63,7 @@ def run_to_end(engine, prompts, params):
     ids = [engine.add_request(p, params) for p in prompts]
     finals = {}
     while engine.has_unfinished():
-        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+        finals.update((o.request_id, o) for o in engine.step().outputs if o.finished)
     return [finals[i] for i in ids]
 
 

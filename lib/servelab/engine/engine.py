@@ -103,9 +103,10 @@ class EngineCore:
                                                  self.allocator, self.scheduler, self.last_accepted))
         self.num_steps += 1
         admitted = set(sched.admitted)
-        return StepOutputs(outputs, tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks
-                                                        if c.seq_id in admitted)),
-                           len(sched.preempted) + len(sched.swapped_out), sched.num_batched_tokens)
+        return StepOutputs(outputs, admitted=tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks
+                                                                 if c.seq_id in admitted)),
+                           num_preempted=len(sched.preempted) + len(sched.swapped_out),
+                           num_batched_tokens=sched.num_batched_tokens)
 
     # ------------------------------------------------------------------------------------------ the phases
 
