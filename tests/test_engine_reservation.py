@@ -29,8 +29,6 @@ def test_policy_arithmetic():
     assert on_demand.worst_case_blocks(6, 20, 3) == 7
     assert up_front.worst_case_blocks(6, 20, 3) == 2 + 3 * (7 - 2 + 1)
     with pytest.raises(ValueError, match="reservation_policy"):
-        reservation_policy("greedy", 4)
-    with pytest.raises(ValueError, match="reservation_policy"):
         EngineConfig(reservation_policy="lazy")
     assert EngineConfig().reservation_policy == "on-demand" == RESERVATION_POLICIES[0]
 
