@@ -1,7 +1,8 @@
-"""Every way a request leaves the engine (finished by length, EOS or a stop string, cancelled, aborted,
-timed out, failed in the forward pass, failed as unschedulable, while waiting, running, paused or
-swapped out, one sample or n) goes through §0's ``servelab.lifecycle.state_machine.reclaim``, once,
-and leaves every KV block, reservation, batch slot and host swap block free."""
+"""Every way a request leaves the engine (finished by length, EOS or a stop string, cancelled,
+aborted, timed out, failed in the forward pass, failed as unschedulable, while waiting, running,
+paused or swapped out, one sample or n) goes through §0's
+``servelab.lifecycle.state_machine.reclaim``, once, and leaves every KV block, reservation, batch
+slot and host swap block free."""
 
 import pytest
 import torch
@@ -17,7 +18,9 @@ torch.set_num_threads(1)
 
 VOCAB = 300
 EOS = 0
-TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 20
+TEXT = (
+    "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 20
+)
 LONG = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
 
@@ -51,7 +54,9 @@ def reclaimed(monkeypatch) -> list[tuple[str, RequestState, RequestState]]:
 def make_engine(model, tokenizer, now=None, **overrides) -> LLMEngine:
     settings = {"dtype": "float32", "block_size": 4, "max_model_len": 128} | overrides
     clock = (lambda: now[0]) if now is not None else None
-    return LLMEngine(model, tokenizer, EngineConfig(**settings), **({"clock": clock} if clock else {}))
+    return LLMEngine(
+        model, tokenizer, EngineConfig(**settings), **({"clock": clock} if clock else {})
+    )
 
 
 def drain(engine: LLMEngine) -> None:
@@ -75,15 +80,26 @@ def assert_all_free(engine: LLMEngine, reclaimed, ended: int) -> None:
     assert engine.slots.in_use == 0
     swap = engine.runner.host_swap
     assert swap is None or swap.in_use == 0
-    assert not engine.scheduler.running and not engine.scheduler.waiting and not engine.scheduler.swapped
+    assert (
+        not engine.scheduler.running
+        and not engine.scheduler.waiting
+        and not engine.scheduler.swapped
+    )
 
 
 def test_finished_by_length_eos_and_stop_string(model, tokenizer, reclaimed):
     engine = make_engine(model, tokenizer)
-    engine.add_request("To be, or", SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), "length")
-    engine.add_request("Whether", SamplingParams(temperature=1.0, max_tokens=60, seed=1), "eos-or-length")
-    engine.add_request("To be", SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop=(" ",)),
-                       "stop")
+    engine.add_request(
+        "To be, or", SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), "length"
+    )
+    engine.add_request(
+        "Whether", SamplingParams(temperature=1.0, max_tokens=60, seed=1), "eos-or-length"
+    )
+    engine.add_request(
+        "To be",
+        SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop=(" ",)),
+        "stop",
+    )
     drain(engine)
     assert {r.request_id: r.state for r in engine.ledger.records} == dict.fromkeys(
         ["length", "eos-or-length", "stop"], RequestState.FINISHED)
@@ -116,14 +132,20 @@ def test_timed_out_and_failed(model, tokenizer, reclaimed):
     doomed = engine.add_request("Whether", LONG)
     engine.runner.execute = lambda batch: (_ for _ in ()).throw(RuntimeError("device lost"))
     engine.step()
-    assert (engine.ledger.get(late).state, engine.ledger.get(doomed).state) == (RequestState.TIMED_OUT,
-                                                                                RequestState.FAILED)
+    assert (engine.ledger.get(late).state, engine.ledger.get(doomed).state) == (
+        RequestState.TIMED_OUT,
+        RequestState.FAILED,
+    )
     assert_all_free(engine, reclaimed, 2)
 
 
 def test_n_samples_and_swapped_out_requests(model, tokenizer, reclaimed):
-    engine = make_engine(model, tokenizer, num_blocks=16, max_num_batched_tokens=16, preemption_mode="swap")
-    assert isinstance(engine.runner.host_swap, HostSwapSpace) and isinstance(engine.runner.host_swap, SlotPool)
+    engine = make_engine(
+        model, tokenizer, num_blocks=16, max_num_batched_tokens=16, preemption_mode="swap"
+    )
+    assert isinstance(engine.runner.host_swap, HostSwapSpace) and isinstance(
+        engine.runner.host_swap, SlotPool
+    )
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, n=2)
     ids = [engine.add_request(f"To be, or not to be {i}", params) for i in range(4)]
     swapped = None
@@ -142,7 +164,8 @@ def test_n_samples_and_swapped_out_requests(model, tokenizer, reclaimed):
 
 def test_an_unschedulable_request_fails_through_reclaim(model, tokenizer, reclaimed, monkeypatch):
     engine = make_engine(model, tokenizer)
-    monkeypatch.setattr(engine.allocator, "reserve", lambda *args, **kwargs: False)  # never admitted
+    # never admitted
+    monkeypatch.setattr(engine.allocator, "reserve", lambda *args, **kwargs: False)
     stuck = engine.add_request("To be", LONG)
     drain(engine)
     assert engine.ledger.get(stuck).state is RequestState.FAILED

@@ -1,5 +1,5 @@
-"""tools/wrap_lines.py: every line it can break ends up at most 100 characters, the syntax tree stays
-the same (docstring whitespace aside), and what must stay as written does."""
+"""tools/wrap_lines.py: every line it can break ends up at most 100 characters, the syntax tree
+stays the same (docstring whitespace aside), and what must stay as written does."""
 
 from __future__ import annotations
 
@@ -66,14 +66,21 @@ def test_the_tree_is_the_same_and_a_second_run_changes_nothing(wrapped):
 
 
 def test_the_check_tells_a_code_change_from_docstring_whitespace():
-    assert wrap_lines.tree_dump('def f():\n    """a b"""\n') == wrap_lines.tree_dump('def f():\n    """a\n    b"""\n')
+    assert wrap_lines.tree_dump('def f():\n    """a b"""\n') == wrap_lines.tree_dump(
+        'def f():\n    """a\n    b"""\n'
+    )
     assert wrap_lines.tree_dump("x = 'a b'\n") != wrap_lines.tree_dump("x = 'a  b'\n")
     assert wrap_lines.tree_dump("x = 1\n") != wrap_lines.tree_dump("x = 2\n")
 
 
 def test_tables_literal_blocks_and_short_lines_stay_as_written(wrapped):
     for row in SAMPLE.splitlines():
-        if "table row" in row or "=====" in row or "--concurrency" in row or row.startswith("x = [1,2]"):
+        if (
+            "table row" in row
+            or "=====" in row
+            or "--concurrency" in row
+            or row.startswith("x = [1,2]")
+        ):
             assert row in wrapped.splitlines(), row
     assert "A short paragraph stays as written." in wrapped.splitlines()
 
@@ -96,8 +103,11 @@ def test_a_trailing_comment_moves_above_and_a_pragma_stays(wrapped):
 
 
 def test_a_long_string_becomes_adjacent_literals():
-    source = ('def f(request_id, total):\n    raise ValueError(f"request {request_id} asks for {total} tokens, '
-              'more than the pool holds; lower max_tokens or raise max_model_len")\n')
+    source = (
+        'def f(request_id, total):\n    raise ValueError(f"request {request_id} asks for '
+        '{total} tokens, '
+        'more than the pool holds; lower max_tokens or raise max_model_len")\n'
+    )
     out = wrap_lines.wrap_source(source, ROOT / "lib" / "sample.py")
     assert all(len(row) <= 100 for row in out.splitlines()) and out.count('f"') >= 2
     assert wrap_lines.tree_dump(source) == wrap_lines.tree_dump(out)
@@ -105,4 +115,6 @@ def test_a_long_string_becomes_adjacent_literals():
 
 def test_a_cut_never_falls_inside_a_replacement_field():
     split = wrap_lines.split_literal('f"{a + b:>10} {c} {d[\'x y\']} and some words after it"', 24)
-    assert split is not None and all(part.count("{") == part.count("}") for part in split.split('" f"'))
+    assert split is not None and all(
+        part.count("{") == part.count("}") for part in split.split('" f"')
+    )

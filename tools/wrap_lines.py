@@ -15,19 +15,20 @@ line is too long:
 
 Re-wrapping keeps indentation, bullet lists and their hanging indents (``-``, ``*``, ``1.``,
 Google-style ``name: text`` fields), ``::`` literal blocks, doctest lines and their output, tables
-(reST ``===`` and Markdown ``|``), lines with aligned columns and ``.. directive`` lines as they are,
-and never breaks a word (a URL stays whole).
+(reST ``===`` and Markdown ``|``), lines with aligned columns and ``.. directive`` lines as they
+are, and never breaks a word (a URL stays whole).
 
 Safety: a file is written only when its syntax tree is unchanged except for whitespace inside
 docstrings (the same check as ``--check-ast``); otherwise it is left as it was and named. Lines that
-stay too long (a table row, a long URL, a long line inside a multi-line string) are listed at the end.
+stay too long (a table row, a long URL, a long line inside a multi-line string) are listed at the
+end.
 
 Usage::
 
     python tools/wrap_lines.py lib                      # rewrite every .py file under lib/ in place
-    python tools/wrap_lines.py --check-ast HEAD lib     # trees of lib/ equal HEAD's (docstring spaces aside)
+    python tools/wrap_lines.py --check-ast HEAD lib     # each tree as HEAD's (docstring spaces aside)
     python tools/wrap_lines.py --list lib               # the lines over 100 characters, and why
-    python tools/wrap_lines.py --write-allow-list tests/line_length_allow.txt lib
+    python tools/wrap_lines.py --write-allow-list tests/data/long_lines_allowed.txt lib
 
 Needs ruff (pinned in requirements.txt).
 """
@@ -52,9 +53,11 @@ PRAGMA = re.compile(r"#\s*(noqa(:\s*[A-Z]+[0-9]+(,\s*[A-Z]+[0-9]+)*)?|type:\s*ig
                     r"|pragma:\s*no\s*cover|fmt:\s*(skip|off|on)|pylint:\s*\S+)")
 BULLET = re.compile(r"^([-*+\u2022]|\d{1,2}[.)]|\(\w{1,3}\))\s+")
 # "name: text", "``name``: text", "a / b: text", "name (type): text": a field of an Args-style list.
-FIELD = re.compile(r"^(``[^`]+``|\*{0,2}[\w.]+\*{0,2})(\s*/\s*(``[^`]+``|[\w.]+))*(\s*\([^)]*\))?:\s")
-# A short line ending in ":" ("Args:", "Raises:", "For example:") heads what follows; a longer one is
-# a sentence that goes on.
+FIELD = re.compile(
+    r"^(``[^`]+``|\*{0,2}[\w.]+\*{0,2})(\s*/\s*(``[^`]+``|[\w.]+))*(\s*\([^)]*\))?:\s"
+)
+# A short line ending in ":" ("Args:", "Raises:", "For example:") heads what follows; a longer one
+# is a sentence that goes on.
 HEADER = re.compile(r"^[A-Za-z][\w (),/-]{0,40}:$")
 # A divider comment, "# ------ the phases": its run of dashes is shortened, not wrapped.
 DIVIDER = re.compile(r"^([-=*#~_])\1{9,}")
@@ -106,22 +109,15 @@ def _split_paragraphs(lines: list[Line]) -> list[tuple[bool, list[int]]]:
         literal_above = None
         if text.startswith("```"):
             in_fence = not in_fence
-        starts_doctest = text.startswith(">>>")
-        in_doctest = in_doctest or starts_doctest
-        in_table = in_table or bool(RST_TABLE_RULE.match(text)) or text.startswith(("|", "+-", "+="))
-        verbatim = (in_fence or text.startswith("```") or in_doctest or in_table or text.startswith("..")
-                    or bool(ALIGNED.search(text)) or bool(DIVIDER.match(text)) or text in ('"""', "'''"))
-        if verbatim:
+        in_doctest = in_doctest or text.startswith(">>>")  # its output lines follow, up to a blank
+        in_table = (
+            in_table or bool(RST_TABLE_RULE.match(text)) or text.startswith(("|", "+-", "+="))
+        )
+        if in_fence or in_doctest or in_table or _verbatim(text):
             close()
             groups.append((False, [i]))
         else:
-            starts = BULLET.match(text) or FIELD.match(text)
-            first = lines[current[0]] if current else None
-            continues = (first is not None and not starts and not HEADER.match(lines[current[-1]].text)
-                         and line.indent == (hang if hang is not None else line.indent)
-                         and (line.indent == first.indent
-                              or (line.indent > first.indent and (BULLET.match(first.text) or FIELD.match(first.text)))))
-            if continues:
+            if current and _continues([lines[n] for n in current], line, hang):
                 current.append(i)
                 hang = line.indent
             else:
@@ -132,6 +128,31 @@ def _split_paragraphs(lines: list[Line]) -> list[tuple[bool, list[int]]]:
             literal_above = line.indent
     close()
     return groups
+
+
+def _verbatim(text: str) -> bool:
+    """A line kept as written whatever surrounds it: a fence, a directive, aligned columns, a
+    divider, a docstring's opening or closing quotes alone."""
+    return (
+        text.startswith(("```", ".."))
+        or bool(ALIGNED.search(text))
+        or bool(DIVIDER.match(text))
+        or text in ('"""', "'''")
+    )
+
+
+def _continues(paragraph: list[Line], line: Line, hang: int | None) -> bool:
+    """Whether ``line`` goes on ``paragraph``: it starts nothing of its own (a bullet, a field), the
+    line before it heads nothing ("Args:"), and it has the paragraph's indentation: the first
+    line's, or (a bullet's or field's hanging indent) a deeper one, the same for every later
+    line."""
+    first = paragraph[0]
+    if BULLET.match(line.text) or FIELD.match(line.text) or HEADER.match(paragraph[-1].text):
+        return False
+    if hang is not None:
+        return line.indent == hang
+    hangs = bool(BULLET.match(first.text) or FIELD.match(first.text))
+    return line.indent == first.indent or (line.indent > first.indent and hangs)
 
 
 def _strip_quotes(text: str) -> str:
@@ -173,8 +194,8 @@ def _wrap_paragraph(lines: list[Line], group: list[int], width: int, base: int) 
 
 
 def rewrap_text(lines: list[Line], width: int) -> list[str] | None:
-    """``lines`` with each paragraph holding a line over ``width`` re-wrapped (others as written), or
-    ``None`` when nothing needed re-wrapping."""
+    """``lines`` with each paragraph holding a line over ``width`` re-wrapped (others as written),
+    or ``None`` when nothing needed re-wrapping."""
     out: list[str] = []
     changed = False
     base = min((line.indent for line in lines[1:] if line.text), default=lines[0].indent)
@@ -201,8 +222,8 @@ def _tokens(source: str) -> list[tokenize.TokenInfo]:
 
 
 def _line_starts_in_string(tokens: list[tokenize.TokenInfo]) -> set[int]:
-    """Line numbers (1-based) that begin inside a multi-line string or after a backslash: nothing may
-    be put above them."""
+    """Line numbers (1-based) that begin inside a multi-line string or after a backslash: nothing
+    may be put above them."""
     inside: set[int] = set()
     for tok in tokens:
         if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
@@ -220,7 +241,8 @@ def _comment_rows(text: str, indent: int, width: int) -> list[str]:
 
 
 def move_trailing_comments(source: str, width: int) -> str:
-    """Pass 1: a trailing comment on a too-long line moves onto its own lines just above the code."""
+    """Pass 1: a trailing comment on a too-long line moves onto its own lines just above the
+    code."""
     rows = source.splitlines(keepends=True)
     tokens = _tokens(source)
     blocked = _line_starts_in_string(tokens)
@@ -244,12 +266,15 @@ def move_trailing_comments(source: str, width: int) -> str:
         code = row[: tok.start[1]].rstrip()
         indent = len(row) - len(row.lstrip(" "))
         above = _comment_rows(comment, indent, width)
-        rows[number - 1: number] = [r + "\n" for r in above] + [code + (f"  {keep}" if keep else "") + "\n"]
+        rows[number - 1 : number] = [r + "\n" for r in above] + [
+            code + (f"  {keep}" if keep else "") + "\n"
+        ]
     return "".join(rows)
 
 
 def _shorten_divider(row: str, width: int) -> str:
-    """A too-long divider comment line with its run of dashes shortened to fit (at least 10 kept)."""
+    """A too-long divider comment line with its run of dashes shortened to fit (at least 10
+    kept)."""
     text = row.rstrip("\n")
     column = len(text) - len(text.lstrip(" "))
     body = text[column:].lstrip("#").lstrip(" ")
@@ -326,7 +351,10 @@ def rewrap_docstrings(source: str, width: int) -> str:
         first, last = node.lineno - 1, node.end_lineno - 1
         column = _char_column(rows[first], node.col_offset)
         tok = strings.get((node.lineno, column))
-        if tok is None or tok.end != (node.end_lineno, _char_column(rows[last], node.end_col_offset)):
+        if tok is None or tok.end != (
+            node.end_lineno,
+            _char_column(rows[last], node.end_col_offset),
+        ):
             continue  # adjacent literals: not one token
         span = [rows[n].rstrip("\n") for n in range(first, last + 1)]
         if not any(len(r) > width for r in span):
@@ -351,9 +379,24 @@ def rewrap_docstrings(source: str, width: int) -> str:
 def _ruff_range(source: str, path: Path, number: int, width: int) -> str:
     """``source`` with the statement holding line ``number`` formatted by ruff."""
     length = len(source.splitlines()[number - 1])
-    done = subprocess.run([sys.executable, "-m", "ruff", "format", f"--line-length={width}",
-                           f"--range={number}:1-{number}:{length + 1}", "--stdin-filename", str(path), "-"],
-                          input=source, capture_output=True, text=True, cwd=ROOT, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "format",
+            f"--line-length={width}",
+            f"--range={number}:1-{number}:{length + 1}",
+            "--stdin-filename",
+            str(path),
+            "-",
+        ],
+        input=source,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"ruff format failed on {path}:{number}: {done.stderr.strip()}")
     return done.stdout
@@ -532,11 +575,17 @@ def _relative(path: Path) -> str:
 
 
 def check_ast(files: list[Path], revision: str) -> list[str]:
-    """Files whose tree differs from the same file at git ``revision`` (docstring whitespace aside)."""
+    """Files whose tree differs from the same file at git ``revision`` (docstring whitespace
+    aside)."""
     differ = []
     for path in files:
-        shown = subprocess.run(["git", "show", f"{revision}:{_relative(path)}"], capture_output=True,
-                               text=True, cwd=ROOT, check=False)
+        shown = subprocess.run(
+            ["git", "show", f"{revision}:{_relative(path)}"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        )
         if shown.returncode != 0:
             continue  # new at this revision: nothing to compare with
         if not _same_tree(shown.stdout, path.read_text(encoding="utf-8")):
@@ -545,7 +594,8 @@ def check_ast(files: list[Path], revision: str) -> list[str]:
 
 
 def rewrite(files: list[Path], width: int) -> tuple[int, list[str]]:
-    """Rewrite ``files`` in place; the number changed and the files left alone (tree would change)."""
+    """Rewrite ``files`` in place; the number changed and the files left alone (tree would
+    change)."""
     changed, refused = 0, []
     for path in files:
         source = path.read_text(encoding="utf-8")
@@ -567,9 +617,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", help="files or folders (every .py file under them)")
     parser.add_argument("--width", type=int, default=WIDTH, help="the most characters on a line")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check-ast", metavar="REV", help="compare each file's tree with git REV's; change nothing")
-    mode.add_argument("--list", action="store_true", help="list the lines over --width; change nothing")
-    mode.add_argument("--write-allow-list", metavar="FILE", help="write the lines over --width to FILE")
+    mode.add_argument(
+        "--check-ast", metavar="REV", help="compare each file's tree with git REV's; change nothing"
+    )
+    mode.add_argument(
+        "--list", action="store_true", help="list the lines over --width; change nothing"
+    )
+    mode.add_argument(
+        "--write-allow-list", metavar="FILE", help="write the lines over --width to FILE"
+    )
     args = parser.parse_args(argv)
     files = python_files(args.paths)
     if args.check_ast:
@@ -579,7 +635,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tree changed: {name}")
         return 1 if differ else 0
     if args.write_allow_list:
-        rows = sorted({f"{_relative(p)}\t{row.strip()}" for p, _, row, _ in long_lines(files, args.width)})
+        rows = sorted(
+            {f"{_relative(p)}\t{row.strip()}" for p, _, row, _ in long_lines(files, args.width)}
+        )
         Path(args.write_allow_list).write_text("".join(r + "\n" for r in rows), encoding="utf-8")
         print(f"{len(rows)} lines over {args.width} characters written to {args.write_allow_list}")
         return 0
