@@ -80,7 +80,7 @@ def run_staggered(engine: LLMEngine, prompts, params=GREEDY, every: int = 2) -> 
         if pending and step % every == 0:
             i, prompt = pending.pop(0)
             engine.add_request(prompt, params, request_id=f"r{i}")
-        for out in engine.step():
+        for out in engine.step().outputs:
             if out.finished:
                 finals[out.request_id] = out
         step += 1
@@ -129,7 +129,7 @@ def test_prefix_cache_hits_skip_prefill_and_respect_namespaces(model, tokenizer)
     again = engine.generate([prompt], GREEDY)[0]  # full hit: the last prompt token is recomputed
     other_tenant_id = engine.add_request(prompt, GREEDY, namespace="tenant-b")
     while engine.has_unfinished():
-        for out in engine.step():
+        for out in engine.step().outputs:
             if out.finished:
                 other = out
     assert first.usage.cached_prompt_tokens == 0
@@ -215,7 +215,7 @@ def test_finish_reasons_usage_and_timing(model, tokenizer):
     assert engine.cancel(waiting) is True
     finals = {}
     while engine.has_unfinished():
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        finals.update({o.request_id: o for o in engine.step().outputs if o.finished})
     assert finals[length].finish_reason == "length" and finals[length].usage.generated_tokens == 40 - len(long)
     assert finals[late].finish_reason == "timed_out"
     assert finals[waiting].finish_reason == "cancelled" and finals[waiting].timing is None
@@ -235,7 +235,7 @@ def test_forward_failure_fails_and_reclaims_the_batch(model, tokenizer, policy):
     engine.step()
     original = engine.runner.execute
     engine.runner.execute = lambda rows: (_ for _ in ()).throw(RuntimeError("device lost"))
-    outs = engine.step()
+    outs = engine.step().outputs
     engine.runner.execute = original
     assert sorted(o.request_id for o in outs) == sorted(ids)
     assert all(o.finish_reason == "failed" for o in outs)
@@ -438,7 +438,7 @@ def test_paused_request_keeps_its_blocks_and_resumes_exactly(model, tokenizer):
     assert engine.state(paused) is RequestState.DECODE
     finals = {}
     while engine.has_unfinished():
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        finals.update({o.request_id: o for o in engine.step().outputs if o.finished})
     for request_id, seed in ((paused, 14), (other, 15)):
         assert list(finals[request_id].token_ids) == expected_ids(model, make_prompts(seed, 1)[0], params)
     assert_clean(engine, 2)
@@ -449,12 +449,12 @@ def test_paused_waiting_request_is_neither_admitted_nor_failed(model, tokenizer)
     queued = engine.add_request(make_prompts(16, 1)[0], GREEDY)
     engine.pause(queued)
     for _ in range(3):
-        assert engine.step() == []
+        assert engine.step().outputs == []
     assert engine.allocator.num_used_blocks == 0 and engine.state(queued) is RequestState.VALIDATED
     engine.resume(queued)
     finals = []
     while engine.has_unfinished():
-        finals += [o for o in engine.step() if o.finished]
+        finals += [o for o in engine.step().outputs if o.finished]
     assert list(finals[0].token_ids) == expected_ids(model, make_prompts(16, 1)[0])
     assert_clean(engine, 1)
 
@@ -475,7 +475,7 @@ def test_cancel_while_paused_frees_every_block(model, tokenizer):
     assert record.blocks_freed == held and record.slots_released == 1
     finals = {}
     while engine.has_unfinished():
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        finals.update({o.request_id: o for o in engine.step().outputs if o.finished})
     assert finals[paused].finish_reason == "cancelled" and finals[other].finish_reason == "length"
     assert engine.pause(paused) is False and engine.resume(paused) is False
     assert_clean(engine, 2)
@@ -492,7 +492,7 @@ def test_deadline_while_paused_times_out_once(model, tokenizer):
     engine.step()
     assert engine.allocator.num_used_blocks > 0
     now[0] = 2.0
-    outs = engine.step()
+    outs = engine.step().outputs
     assert [(o.request_id, o.finish_reason) for o in outs] == [(late, "timed_out")]
     records = [r for r in engine.ledger.records if r.request_id == late]
     assert len(records) == 1 and records[0].state is RequestState.TIMED_OUT
@@ -527,7 +527,7 @@ def test_paused_requests_under_memory_pressure_still_match_and_leave_nothing(mod
             engine.resume(rng.choice(live))
         if all(engine._requests[i].seq.paused for i in live if i in engine._requests):
             engine.resume(live[0])
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        finals.update({o.request_id: o for o in engine.step().outputs if o.finished})
         engine.allocator.inspect().check_invariants()
     assert any(r.paused for r in engine.trace)
     assert any(r.preempted or r.swapped_out for r in engine.trace)
@@ -610,7 +610,7 @@ def test_cancelling_a_parallel_request_mid_decode_frees_every_sample(model, toke
         engine.step()
     assert engine.allocator.num_used_blocks > 0 and engine.slots.in_use == 3
     assert engine.cancel("c")
-    final = [o for o in engine.step() if o.request_id == "c"][0]
+    final = [o for o in engine.step().outputs if o.request_id == "c"][0]
     assert final.finished and final.finish_reason == "cancelled"
     assert [s.finish_reason for s in final.samples] == ["cancelled"] * 3
     record = engine.ledger.records[0]
@@ -669,7 +669,7 @@ def test_tracing_off_still_reports_admissions_and_the_ledger_stays_bounded(model
     while engine.has_unfinished():
         outputs = engine.step()
         admitted += outputs.admitted
-        ended += [o.request_id for o in outputs if o.finished]
+        ended += [o.request_id for o in outputs.outputs if o.finished]
     assert sorted(admitted) == sorted(ids) and len(engine.trace) == 0 and engine.num_steps > 0
     assert [r.request_id for r in engine.ledger.records] == ended[-2:]  # only the most recent records kept
     assert engine.stats().ended.by_state == {RequestState.FINISHED: 4}  # totals cover the dropped records

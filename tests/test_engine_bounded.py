@@ -63,7 +63,7 @@ def test_thousands_of_short_requests_leave_every_store_within_its_bound(model, t
 
     def step() -> None:
         nonlocal emitted
-        for output in engine.step():
+        for output in engine.step().outputs:
             emitted += len(output.delta_token_ids)
             if output.finished:
                 reasons[output.finish_reason] += 1

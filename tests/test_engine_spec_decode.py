@@ -74,7 +74,7 @@ def run_staggered(engine: LLMEngine, prompts, params, every: int = 2, check=None
         if pending and step % every == 0:
             i, prompt = pending.pop(0)
             engine.add_request(prompt, params, request_id=f"r{i}")
-        for out in engine.step():
+        for out in engine.step().outputs:
             if out.finished:
                 finals[out.request_id] = out
         if check is not None:
@@ -230,7 +230,7 @@ def test_stops_eos_and_logprobs_stay_exact(model, tokenizer):
             engine.add_request(prompt, params)
             logprobs = []
             while engine.has_unfinished():
-                for out in engine.step():
+                for out in engine.step().outputs:
                     logprobs += out.logprobs
             outs.append((out, logprobs))
         text[spec is None] = outs
@@ -377,7 +377,7 @@ def test_a_prompt_with_n_samples_forks_before_it_speculates(model, tokenizer):
     params = SamplingParams(temperature=0.7, max_tokens=12, n=2, seed=3, ignore_eos=True)
     engine.add_request(prompt, params)
     for _ in range(100):  # a bound: a prompt that never forks would never finish
-        finals = [o for o in engine.step() if o.finished]
+        finals = [o for o in engine.step().outputs if o.finished]
         if finals:
             break
     out = finals[0]

@@ -304,3 +304,17 @@ def test_illegal_reclaim_changes_nothing():
     with pytest.raises(ValueError, match="at must be"):
         reclaim(lc, S.CANCELLED, ledger=ledger, at=1.0, allocator=alloc, seq_ids=["q/0"])
     assert lc.state is S.QUEUED and len(ledger) == 0 and alloc.num_reserved_blocks == 2
+
+
+def test_a_lifecycle_first_seen_in_a_later_state_still_ends_only_through_reclaim():
+    """The engine reads a request's state off its scheduler and builds the lifecycle then."""
+    lc = RequestLifecycle("e", at=3.0, state=S.DECODE)
+    assert lc.history == ((S.DECODE, 3.0),)
+    with pytest.raises(IllegalTransition, match="DECODE -> QUEUED"):
+        lc.transition(S.QUEUED, 3.0)
+    ledger = Ledger()
+    assert reclaim(lc, S.FINISHED, ledger=ledger, at=3.0) and ledger.get("e").from_state is S.DECODE
+    with pytest.raises(ValueError, match="non-terminal"):
+        RequestLifecycle("f", state=S.FINISHED)
+    with pytest.raises(TypeError, match="state must be a RequestState"):
+        RequestLifecycle("f", state="DECODE")

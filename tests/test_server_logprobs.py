@@ -64,7 +64,7 @@ def run(engine, prompt, params):
     rid = engine.add_request(prompt, params)
     outs = []
     while engine.has_unfinished():
-        outs += [o for o in engine.step() if o.request_id == rid]
+        outs += [o for o in engine.step().outputs if o.request_id == rid]
     return outs
 
 

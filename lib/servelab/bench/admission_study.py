@@ -68,7 +68,7 @@ def run_policy(model: LlamaForCausalLM, tokenizer, prompts: Sequence[str | list[
     walls, reserved, finals = [], [], []
     start = time.perf_counter()
     while engine.has_unfinished():
-        finals += [o for o in engine.step() if o.finished]
+        finals += [o for o in engine.step().outputs if o.finished]
         walls.append(time.perf_counter() - start)
         reserved.append(engine.allocator.num_reserved_blocks)
         step[0] += 1

@@ -244,7 +244,7 @@ def bench_chunked_prefill(model, tokenizer, rng, streams: int, long_len: int, ch
             long_id = engine.add_request(long_prompt, greedy(4))
             finals = {}
             while engine.has_unfinished():
-                finals.update({o.request_id: o for o in engine.step() if o.finished})
+                finals.update({o.request_id: o for o in engine.step().outputs if o.finished})
             first_emit = finals[long_id].timing.emit_times[0]
             arrival = finals[long_id].timing.arrival
             gaps = [b - a for i in ids for a, b in zip(finals[i].timing.emit_times, finals[i].timing.emit_times[1:])

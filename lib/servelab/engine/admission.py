@@ -110,8 +110,7 @@ assert tuple(RESERVATIONS) == RESERVATION_POLICIES
 
 
 def reservation_policy(name: str, block_size: int, max_model_len: int | None = None) -> ReservationPolicy:
-    """The rule called ``name`` (one of :data:`~servelab.engine.config.RESERVATION_POLICIES`) for a pool of
-    ``block_size``-token blocks and a context limit of ``max_model_len`` tokens (None: no cap)."""
-    if name not in RESERVATIONS:
-        raise ValueError(f"reservation_policy must be one of {RESERVATION_POLICIES}, got {name!r}")
+    """The rule called ``name`` (one of :data:`~servelab.engine.config.RESERVATION_POLICIES`, as
+    ``EngineConfig`` checked it) for a pool of ``block_size``-token blocks and a context limit of
+    ``max_model_len`` tokens (None: no cap)."""
     return RESERVATIONS[name](block_size, max_model_len)

@@ -6,7 +6,8 @@
 text, stop strings, EOS / length). With ``speculative_config`` a decoding request brings proposals to the
 tick (:mod:`~servelab.engine.spec_propose`), the forward pass scores them in the same batch, and phase 4
 verifies them (:mod:`~servelab.engine.spec_verify`) and rolls the rejected ones' KV back. Every ending (finished, cancelled, timed out, failed) goes through
-:meth:`EngineCore._end`: ``Scheduler.release`` for each sequence, one terminal record in :attr:`EngineCore.ledger`.
+:meth:`EngineCore._end` and §0's ``reclaim``: every sequence's KV, slots and swap copy back, one terminal record in
+:attr:`EngineCore.ledger`.
 :class:`EngineCore` owns the engine's state and its step; :class:`~servelab.engine.llm_engine.LLMEngine`, its
 subclass, is the API a caller drives between steps (load, add, cancel, pause / resume, stats).
 
@@ -40,8 +41,8 @@ from servelab.engine.spec_verify import SpecDecodingStats, verify
 from servelab.engine.trace import StepRecord
 from servelab.engine.validation import RequestValidator, check_components, context_limit
 from servelab.kv.allocator import BlockAllocator
-from servelab.lifecycle.ledger import Ledger, TerminalRecord, Usage
-from servelab.lifecycle.state_machine import SlotPool
+from servelab.lifecycle.ledger import Ledger, Usage
+from servelab.lifecycle.state_machine import RequestLifecycle, SlotPool, reclaim
 from servelab.model.llama import LlamaForCausalLM
 
 __all__ = ["FINISH_REASONS", "EngineCore", "RequestOutput", "SampleOutput", "Usage"]
@@ -103,9 +104,10 @@ class EngineCore:
                                                  self.allocator, self.scheduler, self.last_accepted))
         self.num_steps += 1
         admitted = set(sched.admitted)
-        return StepOutputs(outputs, tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks
-                                                        if c.seq_id in admitted)),
-                           len(sched.preempted) + len(sched.swapped_out), sched.num_batched_tokens)
+        return StepOutputs(outputs, admitted=tuple(dict.fromkeys(c.seq.request.request_id for c in sched.chunks
+                                                                 if c.seq_id in admitted)),
+                           num_preempted=len(sched.preempted) + len(sched.swapped_out),
+                           num_batched_tokens=sched.num_batched_tokens)
 
     # ------------------------------------------------------------------------------------------ the phases
 
@@ -235,21 +237,23 @@ class EngineCore:
         return [self._end(r, "failed", detail=repr(exc)) for r in requests]
 
     def _end(self, request: EngineRequest, reason: str, detail: str = "", at: float | None = None) -> RequestOutput:
-        """The one terminal path: finish every unfinished sample's text with ``reason``, release each sequence
-        (``Scheduler.release``), write the one terminal record, and let go of the sequences so refcounting
-        frees them. ``at``: the end time, when the caller already read the clock."""
+        """The one terminal path: finish every unfinished sample's text with ``reason``, then §0's
+        :func:`~servelab.lifecycle.state_machine.reclaim` releases every sequence's reservation, blocks,
+        batch slots and host swap copy and writes the one terminal record; the sequences leave their queues
+        and are let go so refcounting frees them. ``at``: the end time, when the caller already read the
+        clock."""
         now = self.clock() if at is None else at
-        from_state = lifecycle_state(request)
+        lifecycle = RequestLifecycle(request.request_id, now, state=lifecycle_state(request))
         for seq in request.seqs:
             if seq.finish_reason is None:
                 finish_text(seq, reason, now)
         request.finish_reason = reason
-        released = [self.scheduler.release(seq) for seq in request.seqs]
-        self.ledger.append(TerminalRecord(
-            request_id=request.request_id, state=TERMINAL_STATE[reason], at=now, from_state=from_state,
-            reason=f"{reason}: {detail}" if detail else reason, usage=usage(request.seqs),
-            blocks_freed=sum(r.blocks for r in released), reservation_released=sum(r.reservation for r in released),
-            slots_released=sum(r.slots for r in released), swap_released=sum(r.swap for r in released)))
+        reclaim(lifecycle, TERMINAL_STATE[reason], ledger=self.ledger, at=now,
+                reason=f"{reason}: {detail}" if detail else reason, allocator=self.allocator,
+                seq_ids=[seq.seq_id for seq in request.seqs], slots=self.slots,
+                host_swap=self.scheduler.swap_space, usage=usage(request.seqs))
+        for seq in request.seqs:
+            self.scheduler.retire(seq)
         del self._requests[request.request_id]
         output = request_output(request.request_id, request.seqs, reason)
         request.seqs = []  # break the request <-> sequence cycle: refcounting, not the cyclic GC, frees both

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from servelab._validate import require_int, require_interval
+from servelab._validate import require_int
 from servelab.engine import kv_pool_size
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def kv_blocks_for_gpu(total_bytes: int, utilization: float, used_bytes: int, act
     Args:
         total_bytes: the device's total memory, bytes.
         utilization: the fraction of ``total_bytes`` the engine may use, in (0, 1]
-            (``EngineConfig.gpu_memory_utilization``).
+            (``EngineConfig.gpu_memory_utilization``, checked there).
         used_bytes: bytes already in use before the KV pool exists: the weights and whatever else the device
             holds (the CUDA context, other engines, other processes).
         activation_peak_bytes: bytes above ``used_bytes`` that the largest forward pass needs at its peak.
@@ -54,7 +54,6 @@ def kv_blocks_for_gpu(total_bytes: int, utilization: float, used_bytes: int, act
             for the KV cache and the bytes one block needs.
     """
     require_int("total_bytes", total_bytes, 1)
-    require_interval("gpu_memory_utilization", utilization, 0.0, 1.0, low_open=True)
     require_int("used_bytes", used_bytes, 0)
     require_int("activation_peak_bytes", activation_peak_bytes, 0)
     require_int("bytes_per_block", bytes_per_block, 1)

@@ -229,7 +229,7 @@ def stream(engine: LLMEngine, prompt: str | list[int], params: SamplingParams, *
     finished = False
     try:
         while not finished:
-            for output in engine.step():
+            for output in engine.step().outputs:
                 if output.request_id == request_id:
                     finished = output.finished
                     if output.delta:
@@ -263,7 +263,7 @@ def generate(engine: LLMEngine, prompts: Sequence[str | list[int]] | str,
     final: dict[str, RequestOutput] = {}
     wanted = set(ids)
     while len(final) < len(ids):
-        for output in engine.step():
+        for output in engine.step().outputs:
             if output.finished and output.request_id in wanted:  # another request's end is not ours
                 final[output.request_id] = output
     return [final[i] for i in ids]

@@ -55,16 +55,6 @@ class ScheduledChunk:
         return self.seq.seq_id
 
 
-@dataclass(frozen=True)
-class Released:
-    """What :meth:`Scheduler.release` gave back for one sequence (blocks, batch slots, host blocks)."""
-
-    blocks: int
-    reservation: int
-    slots: int
-    swap: int
-
-
 @dataclass
 class PreemptionStats:
     """What preemption by recompute cost so far, and what the prefix cache saved of it. Counts are
@@ -147,21 +137,27 @@ class Scheduler:
         seq.queued_tick = self.ticks
         self.waiting.append(seq)
 
-    def release(self, seq: Sequence) -> Released:
-        """The one release path of a sequence that ends: out of its queue, then its reservation, device
-        blocks (decref: blocks shared with others stay), batch slots and host swap copy go back.
-        Releasing a released sequence gives back nothing."""
+    def release(self, seq: Sequence) -> None:
+        """A sample that stopped while its siblings go on: its reservation, device blocks (decref: blocks
+        shared with the others stay), batch slots and host swap copy go back now, and it leaves its queue.
+        A request that ends is released by §0's ``reclaim`` instead (``EngineCore._end``)."""
+        self.allocator.free(seq.seq_id)
+        self.slots.release(seq.seq_id)
+        if self.swap_space is not None:
+            self.swap_space.release(seq.seq_id)
+        self.retire(seq)
+
+    def retire(self, seq: Sequence) -> None:
+        """Take an ending sequence out of its queue and mark it FINISHED; what it held was released
+        already. Retiring a retired sequence changes nothing."""
         if seq.status is SeqStatus.FINISHED:
-            return Released(0, 0, 0, 0)
+            return
         queue = {SeqStatus.WAITING: self.waiting, SeqStatus.RUNNING: self.running,
                  SeqStatus.SWAPPED: self.swapped}[seq.status]
         if seq in queue:  # a sibling that never forked was in no queue
             queue.remove(seq)
-        swap = self.swap_space.release(seq.seq_id) if seq.status is SeqStatus.SWAPPED else 0
-        self._dropped_at.pop(seq.seq_id, None)
+        self._dropped_at.pop(seq.seq_id, None)  # its preemption bookkeeping ends with it
         seq.status = SeqStatus.FINISHED
-        reservation = self.allocator.release_reservation(seq.seq_id)
-        return Released(self.allocator.free(seq.seq_id), reservation, self.slots.release(seq.seq_id), swap)
 
     def schedule(self) -> SchedulerOutput:
         """Decide the next forward pass: swap-ins -> running sequences in policy order (a decode token or

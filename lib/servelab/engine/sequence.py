@@ -196,17 +196,22 @@ class RequestOutput:
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
-class StepOutputs(list):
-    """What one :meth:`~servelab.engine.LLMEngine.step` returns: its :class:`RequestOutput` list, plus
-    ``admitted`` (ids of the requests admitted this step, readmissions included), ``num_preempted``
-    (by recompute or swap) and ``num_batched_tokens`` (tokens the forward pass computed)."""
+@dataclass(frozen=True)
+class StepOutputs:
+    """What one :meth:`~servelab.engine.LLMEngine.step` returns.
 
-    def __init__(self, outputs: list[RequestOutput] = (), admitted: tuple[str, ...] = (),
-                 num_preempted: int = 0, num_batched_tokens: int = 0) -> None:
-        super().__init__(outputs)
-        self.admitted = admitted
-        self.num_preempted = num_preempted
-        self.num_batched_tokens = num_batched_tokens
+    Attributes:
+        outputs: one :class:`RequestOutput` per request that produced text or ended this step
+            (requests ended between steps included).
+        admitted: ids of the requests admitted this step (readmissions included), in batch order.
+        num_preempted: sequences preempted this step, by recompute or swap.
+        num_batched_tokens: tokens the step's forward pass computed (0: no forward pass).
+    """
+
+    outputs: list[RequestOutput] = field(default_factory=list)
+    admitted: tuple[str, ...] = ()
+    num_preempted: int = 0
+    num_batched_tokens: int = 0
 
 
 def accept_token(seq: Sequence, token: int | None, now: float, eos: Collection[int],

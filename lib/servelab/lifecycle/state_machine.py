@@ -224,16 +224,21 @@ def _check_state(state: object, name: str) -> RequestState:
 class RequestLifecycle:
     """The current state of one request plus its history of ``(state, time)`` entries.
 
-    Starts in ARRIVED. ``transition`` moves between non-terminal states along ``TRANSITIONS``;
-    terminal states are entered only by ``reclaim`` so that no request ends without its cleanup.
-    Times must not go backwards. Thread-safe: a lock serialises transitions and reclaim.
+    Starts in ARRIVED, or in the non-terminal ``state`` it was first observed in: the engine reads a
+    request's state off its scheduler (``servelab.engine.request.lifecycle_state``) and builds a
+    lifecycle in that state when the request ends, so its end goes through ``reclaim`` too.
+    ``transition`` moves between non-terminal states along ``TRANSITIONS``; terminal states are
+    entered only by ``reclaim`` so that no request ends without its cleanup. Times must not go
+    backwards. Thread-safe: a lock serialises transitions and reclaim.
     """
 
-    def __init__(self, request_id: Hashable, at: float = 0.0) -> None:
+    def __init__(self, request_id: Hashable, at: float = 0.0, state: RequestState = RequestState.ARRIVED) -> None:
         if request_id is None or not isinstance(request_id, Hashable):
             raise TypeError(f"request_id must be a hashable, non-None id, got {request_id!r}")
+        if STATE_TABLE[_check_state(state, "state")].terminal:
+            raise ValueError(f"state must be a non-terminal state (a request ends through reclaim), got {state.name}")
         self._request_id = request_id
-        self._history: list[tuple[RequestState, float]] = [(RequestState.ARRIVED, float(require_real("at", at)))]
+        self._history: list[tuple[RequestState, float]] = [(state, float(require_real("at", at)))]
         self._lock = threading.RLock()
 
     @property

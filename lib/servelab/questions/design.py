@@ -184,6 +184,8 @@ def _traffic_rows(r: DesignResult) -> list[tuple[str, str, str]]:
 def _memory_rows(r: DesignResult) -> list[tuple[str, str, str]]:
     a = r.assumptions
     pct = f"{100 * a.in_flight_quantile:g} %"
+    stated_exceeds = 100 * capacity.in_flight_exceedance(r.in_flight_per_replica, a.stated_reservations)
+    derived_exceeds = 100 * capacity.in_flight_exceedance(r.in_flight_per_replica, r.reservations)
     return [
         ("In flight per replica at its measured rate", f"{r.in_flight_per_replica:.1f}",
          f"{a.per_replica_rate:g} req/s × {a.service_time_s:g} s: the load it was measured to sustain, above the"
@@ -199,9 +201,7 @@ def _memory_rows(r: DesignResult) -> list[tuple[str, str, str]]:
          f"{a.stated_reservations * r.kv_gib_per_request:.4g} GiB",
          f"the problem statement's count: {a.stated_reservations / r.in_flight_per_replica:.2g} × the mean, a fixed"
          f" margin; a Poisson count exceeds it"
-         f" {100 * capacity.in_flight_exceedance(r.in_flight_per_replica, a.stated_reservations):.2f} % of the"
-         f" time, the derived {r.reservations}"
-         f" {100 * capacity.in_flight_exceedance(r.in_flight_per_replica, r.reservations):.2f} %"),
+         f" {stated_exceeds:.2f} % of the time, the derived {r.reservations} {derived_exceeds:.2f} %"),
         ("Memory per replica", f"{r.memory_gib_per_replica:.1f} GiB",
          f"weights {a.params / 1e9:g}B × {a.weight_bytes_per_param:g} B = {capacity.to_gib(r.weight_bytes):.1f} GiB"
          f" + KV {r.kv_gib_reserved:.4g} GiB, before activations and workspaces"),

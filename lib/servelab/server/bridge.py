@@ -199,7 +199,7 @@ class EngineBridge:
                     outputs = self.engine.step()
                     self._mark_started(step_start, outputs.admitted)  # first: admitted and finished in one step counts
                     self._count_step(outputs)
-                    self._deliver(outputs)
+                    self._deliver(outputs.outputs)
         except Exception as exc:  # a crashed engine fails every request in flight (FAILED path)
             self.failure = exc
             self._end_all(EngineFailure(f"the engine failed: {exc!r}"))
