@@ -52,15 +52,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-if TYPE_CHECKING:
-    from servelab.engine.llm_engine import LLMEngine
-    from servelab.sampling.params import SamplingParams
+from servelab.sampling.params import SamplingParams
 
 __all__ = ["TILE_ROWS", "BatchInvariantMode", "RequestNumbers", "attend_rowwise",
            "first_difference", "is_active", "run_together", "tiled_rows"]
@@ -159,7 +157,15 @@ class RequestNumbers(NamedTuple):
     prompt_logprobs: tuple[float, ...]
 
 
-def run_together(engine: LLMEngine, prompts: Sequence[str | list[int]],
+class _Engine(Protocol):
+    """What :func:`run_together` uses of an :class:`~servelab.engine.LLMEngine`."""
+
+    def has_unfinished(self) -> bool: ...
+    def add_request(self, prompt: str | list[int], params: SamplingParams) -> str: ...
+    def step(self) -> list: ...
+
+
+def run_together(engine: _Engine, prompts: Sequence[str | list[int]],
                  params: SamplingParams) -> list[RequestNumbers]:
     """Submit every prompt at once to an idle ``engine`` and step it until all end; each request's
     numbers, in prompt order. One prompt: that request alone. Ask ``params`` for ``logprobs`` and
