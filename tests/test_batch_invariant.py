@@ -111,6 +111,18 @@ def test_tiny_model_alone_and_batched_are_bit_equal(tiny):
                [run_together(engine, [prompt], GREEDY)[0] for prompt in SHAKESPEARE[:2]])
 
 
+def test_tiny_model_preemption_by_recompute_gives_back_the_same_numbers(tiny):
+    """A pool too small for the batch: sequences are preempted, their KV dropped and recomputed by a
+    prefill, in blocks of another size; the numbers are still those of each prompt alone."""
+    model, tokenizer = tiny
+    engine = LLMEngine(model, tokenizer, EngineConfig(num_blocks=128, batch_invariant=True))
+    crowded = LLMEngine(model, tokenizer, EngineConfig(num_blocks=12, block_size=4, batch_invariant=True,
+                                                       trace_steps=1000))
+    alone = [run_together(engine, [prompt], GREEDY)[0] for prompt in SHAKESPEARE]
+    assert run_together(crowded, SHAKESPEARE, GREEDY) == alone
+    assert sum(len(record.preempted) for record in crowded.trace) > 0
+
+
 def test_tiny_model_default_mode_in_float32_is_not_invariant(tiny):
     """The effect the mode removes, on the small model: a decode step of one row and of eight
     reduce in other orders (the one-row GEMV against the packed GEMM, and the padded attention)."""
