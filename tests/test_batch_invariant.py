@@ -47,6 +47,7 @@ def test_tiled_rows_keeps_each_rows_result_and_shape():
     out = tiled_rows(lambda tile: F.linear(tile, weight), x, tile_rows=4)
     assert out.shape == (2, 19, 5)
     assert torch.allclose(out, F.linear(x, weight), atol=1e-5)
+    assert tiled_rows(lambda tile: F.linear(tile, weight), x[:, :0], tile_rows=4).shape == (2, 0, 5)
     with pytest.raises(ValueError, match="tile_rows"):
         tiled_rows(lambda tile: tile, x, tile_rows=0)
 
@@ -107,6 +108,8 @@ def test_tiny_model_alone_and_batched_are_bit_equal(tiny):
         assert all(len(numbers.logprobs) == params.max_tokens for numbers in alone)
         assert run_together(engine, SHAKESPEARE, params) == alone
         assert run_together(chunked, SHAKESPEARE, params) == alone
+        assert run_together(chunked, [SHAKESPEARE[0] * 6], params) == run_together(
+            engine, [SHAKESPEARE[0] * 6], params)  # steps whose only chunk samples nothing
     assert all(len(numbers.prompt_logprobs) > 3 for numbers in
                [run_together(engine, [prompt], GREEDY)[0] for prompt in SHAKESPEARE[:2]])
 

@@ -80,13 +80,14 @@ def is_active() -> bool:
 def tiled_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                tile_rows: int = TILE_ROWS) -> torch.Tensor:
     """``fn`` applied to ``x`` (``[*lead, features]``) as tiles of exactly ``tile_rows`` rows of
-    ``features``, the last one padded with zero rows; returns ``[*lead, out_features]``. ``fn`` must
-    act on each row independently (a linear layer, a norm over the last dim)."""
+    ``features``, the last one padded with zero rows; returns ``[*lead, out_features]`` (also for
+    no rows). ``fn`` must act on each row independently (a linear layer, a norm over the last dim)."""
     if tile_rows < 1:
         raise ValueError(f"tile_rows must be a positive integer, got {tile_rows!r}")
     rows = x.reshape(-1, x.shape[-1])
     count = rows.shape[0]
-    padded = F.pad(rows, (0, 0, 0, -count % tile_rows))
+    padded_count = max(tile_rows, -(-count // tile_rows) * tile_rows)  # no rows: one zero tile
+    padded = F.pad(rows, (0, 0, 0, padded_count - count))
     out = torch.cat([fn(padded[i:i + tile_rows]) for i in range(0, padded.shape[0], tile_rows)])
     return out[:count].reshape(*x.shape[:-1], out.shape[-1])
 
@@ -117,7 +118,7 @@ class BatchInvariantMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in self._tiled and args and args[0].dim() >= 1:
+        if func in self._tiled and args and isinstance(args[0], torch.Tensor) and args[0].dim():
             rest = args[1:]
             return tiled_rows(lambda tile: func(tile, *rest, **kwargs), args[0])
         return func(*args, **kwargs)
