@@ -7,6 +7,9 @@ block_size, head_dim]`` for K and for V. A sequence's *block table* maps its log
 tokens from many sequences (prefill chunks and decode tokens mixed, :class:`ForwardInput`); in every layer
 :class:`PagedAttention` writes their K/V into their slots, reads each sequence's history back through its
 block table and attends causally. Only the positions whose next token is sampled go through the LM head.
+With ``EngineConfig(batch_invariant=True)`` every new token attends alone and the forward pass runs
+in :class:`~servelab.engine.batch_invariant.BatchInvariantMode`, so a request's logits do not depend
+on the rest of the batch.
 
 System boundary: token ids and block tables in, float32 logits ``[sampled_rows, vocab]`` out (any device);
 which blocks a sequence owns is the allocator's decision.
