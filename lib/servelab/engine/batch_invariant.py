@@ -116,7 +116,9 @@ class BatchInvariantMode(TorchFunctionMode):
         super().__exit__(*exc)
         _ACTIVE.reset(self._token)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: Callable, types: tuple, args: tuple = (),
+                           kwargs: dict | None = None) -> object:
+        """Tile the calls of the functions named above by their first argument's rows."""
         kwargs = kwargs or {}
         if func in self._tiled and args and isinstance(args[0], torch.Tensor) and args[0].dim():
             rest = args[1:]
