@@ -75,6 +75,10 @@ class EngineConfig:
             "num_speculative_tokens": k, ...}`` or ``{"method": "draft_model", "model": ..., ...}``, see
             :mod:`servelab.engine.spec_config`), stored checked as a ``SpeculativeConfig``; None (the default):
             one token per decoding request per step.
+        batch_invariant: a request's logits, and so its tokens and logprobs, do not depend on what
+            else is in the batch (:mod:`servelab.engine.batch_invariant`: weight matmuls and
+            norms on fixed row tiles, attention per token), at a cost in speed; False (the
+            default): the fastest kernel for each batch shape, whose reduction order follows it.
     """
 
     block_size: int = 16
@@ -97,6 +101,7 @@ class EngineConfig:
     trace_steps: int = 0
     ledger_size: int = 10_000
     speculative_config: SpeculativeConfig | dict | None = None
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -108,7 +113,7 @@ class EngineConfig:
             require_interval("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
         for name in ("swap_space_bytes", "trace_steps", "ledger_size"):
             require_int(name, getattr(self, name), 0)
-        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "batch_invariant"):
             require_type(name, getattr(self, name), bool)
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")

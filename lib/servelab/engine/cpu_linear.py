@@ -8,7 +8,10 @@ became a small-``M`` GEMM that ran far below the CPU's peak: measured on a 2-cor
 and 36.2 ms at 32, against 7.6 and 18.6 ms through oneDNN on a weight reordered once into its blocked
 layout (``torch.ops.mkldnn._reorder_linear_weight``, what ``torch.compile``'s CPU backend uses); a 3,072 x 576
 layer 0.91 -> 0.49 ms at 8 rows. So :func:`pack_linears` gives each ``nn.Linear`` a packed copy of its weight,
-used whenever a call has more than one row; one row keeps the plain GEMV.
+used whenever a call has more than one row; one row keeps the plain GEMV. That switch changes a
+row's reduction order with the row count, so in batch-invariant mode
+(:mod:`servelab.engine.batch_invariant`) every call takes the packed path, in tiles of a fixed row
+count.
 
 Costs and limits: the packed copy doubles the memory of the linear weights (the original stays: the tied
 embedding reads it, and so do one-row calls); results differ from MKL's in the last bits of fp32 (the
@@ -25,6 +28,8 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+
+from servelab.engine import batch_invariant
 
 __all__ = ["PackedLinear", "pack_linears"]
 
@@ -43,7 +48,8 @@ class PackedLinear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         entry = _PACKED.get(self)
         rows = x.numel() // self.in_features
-        if (entry is None or rows <= 1 or entry[0] != _key(self.weight)
+        one_row = rows <= 1 and not batch_invariant.is_active()  # invariant: always packed
+        if (entry is None or one_row or entry[0] != _key(self.weight)
                 or (torch.is_grad_enabled() and self.weight.requires_grad)):
             return F.linear(x, self.weight, self.bias)
         out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, self.in_features), entry[1], self.bias,

@@ -7,6 +7,9 @@ block_size, head_dim]`` for K and for V. A sequence's *block table* maps its log
 tokens from many sequences (prefill chunks and decode tokens mixed, :class:`ForwardInput`); in every layer
 :class:`PagedAttention` writes their K/V into their slots, reads each sequence's history back through its
 block table and attends causally. Only the positions whose next token is sampled go through the LM head.
+With ``EngineConfig(batch_invariant=True)`` every new token attends alone and the forward pass runs
+in :class:`~servelab.engine.batch_invariant.BatchInvariantMode`, so a request's logits do not depend
+on the rest of the batch.
 
 System boundary: token ids and block tables in, float32 logits ``[sampled_rows, vocab]`` out (any device);
 which blocks a sequence owns is the allocator's decision.
@@ -15,6 +18,7 @@ which blocks a sequence owns is the allocator's decision.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 
 from servelab.device import resolve_device_dtype, use_gemv_layout
 from servelab.engine import gpu_memory
+from servelab.engine.batch_invariant import BatchInvariantMode, attend_rowwise
 from servelab.engine.config import EngineConfig
 from servelab.engine import kv_pool_size
 from servelab.engine.cpu_linear import pack_linears
@@ -37,7 +42,8 @@ from servelab.model.llama import LlamaForCausalLM
 
 @dataclass
 class PrefillGroup:
-    """One sequence with several new tokens this step: its flat token range, block table and causal mask."""
+    """One sequence with several new tokens this step (in batch-invariant mode: one or more): its
+    flat token range, block table and causal mask."""
 
     token_start: int  # first index into the flat token batch
     num_tokens: int
@@ -52,7 +58,9 @@ class AttentionMetadata:
     (one new token each) share one attention call; each multi-token row (a prefill chunk, a recompute) gets
     its own, so no sequence pays for another's query length. Keys are cut to the longest context and masks
     left out where every key is visible (same-length decode rows; a chunk from position 0 is plain causal),
-    so SDPA can pick its fastest kernel. Masks are additive (0 or -inf, in the model's dtype)."""
+    so SDPA can pick its fastest kernel. Masks are additive (0 or -inf, in the model's dtype).
+    ``batch_invariant``: every row, decode rows included, is a group without a mask, and each of its
+    tokens attends alone (:func:`servelab.engine.batch_invariant.attend_rowwise`)."""
 
     slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V is written
     decode_token_index: torch.Tensor  # [num_decode] long: flat index of each decode token
@@ -60,13 +68,16 @@ class AttentionMetadata:
     decode_num_keys: int  # longest decode context
     decode_mask: torch.Tensor | None  # [num_decode, 1, 1, decode_num_keys] additive; None = all visible
     prefills: list[PrefillGroup]
+    batch_invariant: bool = False
 
 
 def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
-                   dtype: torch.dtype) -> AttentionMetadata:
+                   dtype: torch.dtype, batch_invariant: bool = False) -> AttentionMetadata:
     """Metadata for a flat batch made of ``rows``, each ``(start_position, num_new_tokens, block_table)``.
     Row ``i``'s tokens occupy the next ``num_new_tokens`` entries of the flat batch, at positions
-    ``start_position ..``; its block table must cover position ``start_position + num_new_tokens - 1``."""
+    ``start_position ..``; its block table must cover position
+    ``start_position + num_new_tokens - 1``. ``batch_invariant``: every row becomes a
+    :class:`PrefillGroup` without a mask (see :class:`AttentionMetadata`)."""
     slots: list[int] = []
     decode_index, decode_tables, decode_lens = [], [], []
     prefills: list[PrefillGroup] = []
@@ -76,13 +87,13 @@ def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, devi
         if len(table) * block_size < end:
             raise ValueError(f"block table of {len(table)} blocks cannot hold position {end - 1}")
         slots.extend(table[pos // block_size] * block_size + pos % block_size for pos in range(start, end))
-        if count == 1:
+        if count == 1 and not batch_invariant:
             decode_index.append(offset)
             decode_tables.append(table)
             decode_lens.append(end)
         else:
             mask = None
-            if start > 0:  # earlier positions come from the cache: query i sees keys 0 .. start + i
+            if start > 0 and not batch_invariant:  # query i sees cached keys 0 .. start + i
                 visible = torch.arange(end, device=device)[None, :] <= torch.arange(start, end, device=device)[:, None]
                 mask = _additive(visible, dtype)
             prefills.append(PrefillGroup(offset, count, torch.tensor(table, device=device), end, mask))
@@ -101,6 +112,7 @@ def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, devi
         decode_num_keys=num_keys,
         decode_mask=decode_mask,
         prefills=prefills,
+        batch_invariant=batch_invariant,
     )
 
 
@@ -136,6 +148,8 @@ class PagedAttention:
         cache.layer_k_slots[layer].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         cache.layer_v_slots[layer].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         k_pool, v_pool = cache.layer_k[layer], cache.layer_v[layer]  # [kv_heads, blocks, bs, d]
+        if meta.batch_invariant:
+            return self._attend_per_token(q, k_pool, v_pool, meta)
         if not meta.prefills:  # a pure decode batch: row i of q is sequence i's one new token
             return self._attend_decode(q, k_pool, v_pool, meta)
         out = torch.empty_like(q)
@@ -146,6 +160,19 @@ class PagedAttention:
             mask = None if group.mask is None else group.mask[None]
             out[rows] = self._attend(q[rows][None], k_pool, v_pool, group.block_table[None], group.num_keys,
                                      mask, causal=group.mask is None)[0]
+        return out
+
+    @staticmethod
+    def _attend_per_token(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                          meta: AttentionMetadata) -> torch.Tensor:
+        """Batch-invariant mode: each group's history gathered once, then every new token attends
+        alone to the keys it may see (:func:`~servelab.engine.batch_invariant.attend_rowwise`)."""
+        out = torch.empty_like(q)
+        for group in meta.prefills:
+            rows = slice(group.token_start, group.token_start + group.num_tokens)
+            keys = _gather(k_pool, group.block_table[None], group.num_keys)[0]  # [kv, keys, d]
+            values = _gather(v_pool, group.block_table[None], group.num_keys)[0]
+            out[rows] = attend_rowwise(q[rows], keys, values, group.num_keys - group.num_tokens)
         return out
 
     @staticmethod
@@ -221,7 +248,10 @@ class ModelRunner:
     """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``config.num_blocks`` blocks (else what
     :func:`pool_blocks` sizes from the memory there is, :attr:`pool_size`). The model moves to the
     configured device and dtype in place, its CPU linear weights column-major
-    (:func:`servelab.device.use_gemv_layout`) and packed for oneDNN (:mod:`servelab.engine.cpu_linear`)."""
+    (:func:`servelab.device.use_gemv_layout`) and packed for oneDNN
+    (:mod:`servelab.engine.cpu_linear`). With ``config.batch_invariant`` each forward pass runs in
+    :class:`~servelab.engine.batch_invariant.BatchInvariantMode`; the model itself is not changed,
+    so engines with and without it can share one model."""
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
         self.device, self.dtype = resolve_device_dtype(config, model)
@@ -230,6 +260,7 @@ class ModelRunner:
         pack_linears(self.model)  # steps of several rows through oneDNN (servelab.engine.cpu_linear)
         cfg = model.config
         self.block_size = config.block_size
+        self.batch_invariant = config.batch_invariant
         self.bytes_per_block = gpu_memory.kv_block_bytes(cfg, config.block_size, self.dtype)
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings  # checked by the engine
         self.num_blocks = config.num_blocks or pool_blocks(self, config, self.max_model_len)
@@ -248,16 +279,19 @@ class ModelRunner:
     def execute(self, batch: ForwardInput) -> torch.Tensor:
         """One forward pass over ``batch``. Returns float32 logits ``[len(sample_indices) +
         len(score_rows), vocab]``: one row per sampled chunk, in chunk order, then the score rows."""
-        self.backend.metadata = build_metadata(batch.spans, self.block_size, self.device, self.dtype)
-        try:
-            hidden = self.model.hidden_states(torch.tensor(batch.token_ids, device=self.device),
-                                              torch.tensor(batch.positions, device=self.device), self.backend)
-        finally:
-            self.backend.metadata = None
-        if batch.score_rows or len(batch.sample_indices) < len(batch.token_ids):  # else: pure decode
-            rows = batch.sample_indices + [row.index for row in batch.score_rows]
-            hidden = hidden[torch.tensor(rows, device=self.device, dtype=torch.long)]
-        return self.model.lm_head(hidden).float()
+        self.backend.metadata = build_metadata(batch.spans, self.block_size, self.device,
+                                               self.dtype, self.batch_invariant)
+        with BatchInvariantMode() if self.batch_invariant else nullcontext():
+            try:
+                hidden = self.model.hidden_states(torch.tensor(batch.token_ids, device=self.device),
+                                                  torch.tensor(batch.positions, device=self.device),
+                                                  self.backend)
+            finally:
+                self.backend.metadata = None
+            if batch.score_rows or len(batch.sample_indices) < len(batch.token_ids):  # else: decode
+                rows = batch.sample_indices + [row.index for row in batch.score_rows]
+                hidden = hidden[torch.tensor(rows, device=self.device, dtype=torch.long)]
+            return self.model.lm_head(hidden).float()
 
 
 def pool_blocks(runner: ModelRunner, config: EngineConfig, max_model_len: int) -> int:
@@ -302,3 +336,34 @@ def blocks_from_gpu_memory(runner: ModelRunner, config: EngineConfig) -> int:
     utilization = config.gpu_memory_utilization or kv_pool_size.DEFAULT_GPU_MEMORY_UTILIZATION
     return gpu_memory.kv_blocks_for_gpu(seen.total_bytes, utilization, seen.used_bytes,
                              seen.activation_peak_bytes, runner.bytes_per_block)
+
+
+def decode_step_logits(runner: ModelRunner, sequences: list[list[int]]) -> torch.Tensor:
+    """Float32 logits ``[len(sequences), vocab]`` of one decode step that takes the last token of
+    every sequence (token ids) together, as an engine step of that batch does: one pass first
+    prefills all tokens but the last of each, every sequence in blocks of its own from block 0 up.
+    For a runner that no engine uses (it overwrites those blocks); to see one batch's effect on
+    logits, compare the rows of one call over all sequences with calls over each alone."""
+    if not sequences or any(len(seq) < 2 for seq in sequences):
+        raise ValueError("sequences must be a non-empty list of token lists, each of 2 or more")
+    tables, first_free = [], 0
+    for seq in sequences:
+        width = -(-len(seq) // runner.block_size)
+        tables.append(list(range(first_free, first_free + width)))
+        first_free += width
+    if first_free > runner.num_blocks:
+        raise ValueError(f"sequences need {first_free} KV blocks, the runner has "
+                         f"{runner.num_blocks}")
+    prefill = ForwardInput()
+    for seq, table in zip(sequences, tables):
+        prefill.token_ids += seq[:-1]
+        prefill.positions += range(len(seq) - 1)
+        prefill.spans.append(ChunkSpan(0, len(seq) - 1, table))
+    prefill.sample_indices = [len(prefill.token_ids) - 1]
+    runner.execute(prefill)
+    decode = ForwardInput(token_ids=[seq[-1] for seq in sequences],
+                          positions=[len(seq) - 1 for seq in sequences],
+                          spans=[ChunkSpan(len(seq) - 1, 1, table)
+                                 for seq, table in zip(sequences, tables)],
+                          sample_indices=list(range(len(sequences))))
+    return runner.execute(decode)
