@@ -11,8 +11,8 @@ depends on load.
 **What this mode fixes** (``EngineConfig(batch_invariant=True)``; the model runner enters it for
 each forward pass):
 
-* every weight matmul (``F.linear``, and :mod:`servelab.engine.cpu_linear`'s oneDNN linear, which
-  otherwise switches kernels between one row and several) and every RMSNorm runs on **fixed tiles of
+* every weight matmul (``F.linear``, and :mod:`servelab.engine.cpu_linear`'s oneDNN linear, whose
+  kernel picks its blocking by the row count) and every RMSNorm runs on **fixed tiles of
   ``TILE_ROWS`` rows**, the last tile padded with zero rows: every call has the same shape, so the
   same kernel and the same reduction order, whatever the batch. A row's place inside a tile and the
   other rows in it do not change its result in the kernels measured here (the tests check it);
@@ -51,7 +51,6 @@ of one sequence's new tokens over its gathered keys; no state outlives the forwa
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from typing import NamedTuple, Protocol
 
 import torch
@@ -61,21 +60,12 @@ from torch.overrides import TorchFunctionMode
 from servelab.sampling.params import SamplingParams
 
 __all__ = ["TILE_ROWS", "BatchInvariantMode", "RequestNumbers", "attend_rowwise",
-           "first_difference", "is_active", "run_together", "tiled_rows"]
+           "first_difference", "run_together", "tiled_rows"]
 
 TILE_ROWS = 16
 """Rows per matmul / RMSNorm call in batch-invariant mode: every call has exactly this many (a
 partly filled tile is padded with zero rows). 16 covers a decode step of up to 16 sequences in
 one call."""
-
-_ACTIVE: ContextVar[bool] = ContextVar("batch_invariant_active", default=False)
-
-
-def is_active() -> bool:
-    """True inside :class:`BatchInvariantMode` (:mod:`servelab.engine.cpu_linear` asks: there its
-    oneDNN path must not depend on the row count)."""
-    return _ACTIVE.get()
-
 
 def tiled_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                tile_rows: int = TILE_ROWS) -> torch.Tensor:
@@ -106,15 +96,6 @@ class BatchInvariantMode(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self._tiled = {F.linear, F.rms_norm} | ({_onednn_linear()} - {None})
-        self._token = None
-
-    def __enter__(self) -> "BatchInvariantMode":
-        self._token = _ACTIVE.set(True)
-        return super().__enter__()
-
-    def __exit__(self, *exc) -> None:
-        super().__exit__(*exc)
-        _ACTIVE.reset(self._token)
 
     def __torch_function__(self, func: Callable, types: tuple, args: tuple = (),
                            kwargs: dict | None = None) -> object:
@@ -180,7 +161,7 @@ def run_together(engine: _Engine, prompts: Sequence[str | list[int]],
     logprobs: dict[str, list[float]] = {i: [] for i in ids}
     prompt: dict[str, tuple[float, ...]] = {i: () for i in ids}
     while engine.has_unfinished():
-        for out in engine.step():
+        for out in engine.step().outputs:
             tokens[out.request_id] += out.delta_token_ids
             logprobs[out.request_id] += [entry.logprob for entry in out.logprobs]
             if out.prompt_logprobs is not None:

@@ -1,25 +1,33 @@
-"""Linear layers on the CPU through oneDNN with prepacked weights, for steps of more than one row.
+"""Linear layers on the CPU through oneDNN with prepacked weights, for every step.
 
-A decode step of ``B`` sequences multiplies ``B`` rows by every weight matrix. With one row this is a GEMV
-that streams the weight once, and torch's default (MKL ``sgemm`` on the column-major layout of
-:func:`servelab.device.use_gemv_layout`) runs it near the read bandwidth. With 8 or 32 rows the same call
-became a small-``M`` GEMM that ran far below the CPU's peak: measured on a 2-core AMD EPYC (AVX-512, torch
-2.13, fp32, one thread, CPU time of the thread), SmolLM2-135M's 49,152 x 576 LM head took 20.3 ms at 8 rows
-and 36.2 ms at 32, against 7.6 and 18.6 ms through oneDNN on a weight reordered once into its blocked
-layout (``torch.ops.mkldnn._reorder_linear_weight``, what ``torch.compile``'s CPU backend uses); a 3,072 x 576
-layer 0.91 -> 0.49 ms at 8 rows. So :func:`pack_linears` gives each ``nn.Linear`` a packed copy of its weight,
-used whenever a call has more than one row; one row keeps the plain GEMV. That switch changes a
-row's reduction order with the row count, so in batch-invariant mode
-(:mod:`servelab.engine.batch_invariant`) every call takes the packed path, in tiles of a fixed row
-count.
+A decode step of ``B`` sequences multiplies ``B`` rows by every weight matrix. torch's default
+``F.linear`` (MKL) ran both shapes below what the machine can do, measured on a 2-core AMD EPYC
+(AVX-512, torch 2.13, fp32):
 
-Costs and limits: the packed copy doubles the memory of the linear weights (the original stays: the tied
-embedding reads it, and so do one-row calls); results differ from MKL's in the last bits of fp32 (the
-reduction order), as two BLAS libraries do. The packed copy is used only while the weight is the one it was
-made from (same storage, dtype and version) and without autograd; otherwise the layer falls back to
-``F.linear``. A deep copy of the model gets no packed copies (they live in a table keyed by the module).
+* with 8 or 32 rows the call is a small-``M`` GEMM far below the CPU's peak: SmolLM2-135M's
+  49,152 x 576 LM head took 20.3 ms at 8 rows and 36.2 ms at 32 (one thread, CPU time), against 7.6
+  and 18.6 ms through oneDNN on a weight reordered once into its blocked layout
+  (``torch.ops.mkldnn._reorder_linear_weight``, what ``torch.compile``'s CPU backend uses);
+* with one row it is a GEMV that should stream the weight once at the read bandwidth, yet every
+  linear weight of SmolLM2-135M once (538 MB) took 45 ms through ``F.linear`` (12 GB/s), 33 ms with
+  the weights stored column-major (16 GB/s) and 22-24 ms through oneDNN's packed weight (23 GB/s),
+  two threads, against 28-38 GB/s for a plain ``W.sum()`` over the same bytes. Side by side, the
+  engine's batch-1 decode step ran 1.25x faster (band 1.23-1.33x) with one-row calls packed too.
 
-System boundary: CPU float32 / bfloat16 ``nn.Linear`` modules of a model, in place; nothing else changes.
+So :func:`pack_linears` gives each ``nn.Linear`` a packed copy of its weight, used for every call.
+The kernel still picks its blocking by the row count, so a row's last bits can change with the
+batch; batch-invariant mode (:mod:`servelab.engine.batch_invariant`) calls it on tiles of a fixed
+row count.
+
+Costs and limits: the packed copy doubles the memory of the linear weights (the original stays: the
+tied embedding reads it, and so does a call with autograd); results differ from MKL's in the last
+bits of fp32 (the reduction order), as two BLAS libraries do. The packed copy is used only while
+the weight is the one it was made from (same storage, dtype and version) and without autograd;
+otherwise the layer falls back to ``F.linear``. A deep copy of the model gets no packed copies
+(they live in a table keyed by the module).
+
+System boundary: CPU float32 / bfloat16 ``nn.Linear`` modules of a model, in place; nothing else
+changes.
 """
 
 from __future__ import annotations
@@ -28,8 +36,6 @@ import weakref
 
 import torch
 import torch.nn.functional as F
-
-from servelab.engine import batch_invariant
 
 __all__ = ["PackedLinear", "pack_linears"]
 
@@ -43,13 +49,12 @@ def _key(weight: torch.Tensor) -> tuple:
 
 
 class PackedLinear(torch.nn.Linear):
-    """An ``nn.Linear`` whose calls with more than one row go through oneDNN on a prepacked weight."""
+    """An ``nn.Linear`` whose calls go through oneDNN on a prepacked weight."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         entry = _PACKED.get(self)
         rows = x.numel() // self.in_features
-        one_row = rows <= 1 and not batch_invariant.is_active()  # invariant: always packed
-        if (entry is None or one_row or entry[0] != _key(self.weight)
+        if (entry is None or rows == 0 or entry[0] != _key(self.weight)
                 or (torch.is_grad_enabled() and self.weight.requires_grad)):
             return F.linear(x, self.weight, self.bias)
         out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, self.in_features), entry[1], self.bias,

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from servelab.device import resolve_device_dtype, use_gemv_layout
+from servelab.device import resolve_device_dtype
 from servelab.engine import gpu_memory
 from servelab.engine.batch_invariant import BatchInvariantMode, attend_rowwise
 from servelab.engine.config import EngineConfig
@@ -247,8 +247,7 @@ class ForwardInput:
 class ModelRunner:
     """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``config.num_blocks`` blocks (else what
     :func:`pool_blocks` sizes from the memory there is, :attr:`pool_size`). The model moves to the
-    configured device and dtype in place, its CPU linear weights column-major
-    (:func:`servelab.device.use_gemv_layout`) and packed for oneDNN
+    configured device and dtype in place, its CPU linear weights packed for oneDNN
     (:mod:`servelab.engine.cpu_linear`). With ``config.batch_invariant`` each forward pass runs in
     :class:`~servelab.engine.batch_invariant.BatchInvariantMode`; the model itself is not changed,
     so engines with and without it can share one model."""
@@ -256,7 +255,6 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
         self.device, self.dtype = resolve_device_dtype(config, model)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        use_gemv_layout(self.model)
         pack_linears(self.model)  # steps of several rows through oneDNN (servelab.engine.cpu_linear)
         cfg = model.config
         self.block_size = config.block_size
