@@ -406,3 +406,20 @@ def test_allocator_truncate_frees_blocks_of_rejected_slots_only():
     assert alloc.lookup_prefix([1, 2, 3, 4, 5, 6, 7, 8, 0]) == 4
     alloc.free("s")
     alloc.inspect().check_invariants()
+
+
+def test_bench_side_by_side_compares_outputs_and_counts_steps(model, tokenizer):
+    import time
+
+    from servelab.bench.spec_bench import side_by_side
+
+    prompts = copy_heavy(0, 6)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    plain, spec = (LLMEngine(model, tokenizer, config(enable_prefix_caching=True, speculative_config=c))
+                   for c in (None, NGRAM))
+    result, agree, steps = side_by_side(plain, spec, prompts, params, repeats=3, warmup=1,
+                                        clock=time.thread_time)
+    assert agree and len(result.a.samples) == len(result.b.samples) == 3
+    assert steps["plain"] == 16 and 1 <= steps["speculative"] <= 16  # the steps of one run
+    stats = spec.stats().spec_decoding
+    assert stats.num_drafts > 0 and stats.num_drafts % 4 == 0  # warm-up + 3 runs, the same drafts each

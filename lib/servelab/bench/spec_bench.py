@@ -14,14 +14,20 @@ CPU with 2 threads by default, every figure side by side in one process with the
    shares the tokenizer, needs no download), its acceptance rate, its measured cycle cost in plain
    target steps and the acceptance that cost needs to break even (:func:`servelab.metrics.capacity.breakeven_acceptance`).
 
-Greedy decoding, EOS ignored, prefix cache off (repeats replay the same prompts). System boundary: this
-process on this machine; seconds of wall clock, tokens generated.
+Greedy decoding, EOS ignored. The prefix cache is off by default (repeats replay the same prompts,
+so every timed run pays its prefill); with ``prefix_caching=True`` an untimed first run of each
+engine fills it and the timed runs measure the decode phase that speculation changes (the short
+run in §7's notebook). Each engine's outputs come from its first run, its step count from its last.
+
+System boundary: this process on this machine; seconds of ``clock`` (wall clock by default; the
+notebook passes :func:`time.thread_time`, CPU seconds of its one decoding thread), tokens generated.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -78,18 +84,40 @@ def early_exit_draft(target: LlamaForCausalLM, layers: int) -> LlamaForCausalLM:
     return draft.to(device=weight.device, dtype=weight.dtype).eval()
 
 
-def make_engine(target: LLMEngine, speculative_config: dict | None) -> LLMEngine:
-    """An engine over ``target``'s model and tokenizer, prefix cache off, with ``speculative_config``."""
+def make_engine(target: LLMEngine, speculative_config: dict | None,
+                prefix_caching: bool = False) -> LLMEngine:
+    """An engine over ``target``'s model and tokenizer with ``speculative_config``."""
     model = target.runner.model
     weight = model.lm_head.weight
     return LLMEngine(model, target.tokenizer, EngineConfig(
-        device=str(weight.device), dtype="float32", enable_prefix_caching=False, max_model_len=1024,
-        kv_cache_memory_bytes=256 * 2**20, speculative_config=speculative_config))  # 16 requests, no preemption
+        device=str(weight.device), dtype="float32", enable_prefix_caching=prefix_caching,
+        max_model_len=1024, kv_cache_memory_bytes=256 * 2**20,  # 16 requests, no preemption
+        speculative_config=speculative_config))
 
 
 def run_requests(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[tuple[int, ...]]:
     """All ``prompts`` at once, stepped to the end; the generated ids in prompt order."""
     return [tuple(out.token_ids) for out in engine.generate(prompts, params)]
+
+
+def side_by_side(plain: LLMEngine, spec: LLMEngine, prompts: list[list[int]],
+                 params: SamplingParams, repeats: int, warmup: int,
+                 clock: Callable[[], float]) -> tuple[Comparison, bool, dict]:
+    """Both engines on ``prompts``, interleaved (:func:`~servelab.bench.timing.compare`): the
+    comparison (plain is A), whether their outputs agree, and the engine steps of a run of each."""
+    outputs: dict[str, list[tuple[int, ...]]] = {}
+    steps: dict[str, int] = {}
+
+    def runner(name: str, engine: LLMEngine) -> Callable[[], None]:
+        def run() -> None:
+            before = engine.num_steps
+            outputs.setdefault(name, run_requests(engine, prompts, params))
+            steps[name] = engine.num_steps - before
+        return run
+
+    result = compare(runner("plain", plain), runner("speculative", spec), repeats=repeats,
+                     warmup=warmup, clock=clock)
+    return result, outputs["plain"] == outputs["speculative"], steps
 
 
 def described(result: Comparison, tokens: int) -> dict:
@@ -108,33 +136,30 @@ def spec_counters(engine: LLMEngine) -> dict:
             "acceptance_rate": stats.acceptance_rate, "mean_acceptance_length": stats.mean_acceptance_length}
 
 
-def bench_ngram(base: LLMEngine, copy_heavy: bool, concurrency: int, new_tokens: int, repeats: int) -> dict:
+def bench_ngram(base: LLMEngine, copy_heavy: bool, concurrency: int, new_tokens: int, repeats: int,
+                clock: Callable[[], float] = time.perf_counter,
+                prefix_caching: bool = False) -> dict:
     """Plain vs n-gram speculation on one workload at one concurrency."""
     prompts = chat_prompts(base, copy_heavy, concurrency)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    plain, spec = make_engine(base, None), make_engine(base, NGRAM)
-    agree = run_requests(plain, prompts, params) == run_requests(spec, prompts, params)
-    result = compare(lambda: run_requests(plain, prompts, params), lambda: run_requests(spec, prompts, params),
-                     repeats=repeats, warmup=0)
+    plain, spec = (make_engine(base, c, prefix_caching) for c in (None, NGRAM))
+    result, agree, _ = side_by_side(plain, spec, prompts, params, repeats, int(prefix_caching),
+                                    clock)
     return {"concurrency": concurrency, "prompt_tokens": [len(p) for p in prompts], "outputs_agree": agree,
             **described(result, new_tokens * concurrency), "counters": spec_counters(spec)}
 
 
-def bench_draft_model(base: LLMEngine, new_tokens: int, repeats: int) -> dict:
+def bench_draft_model(base: LLMEngine, new_tokens: int, repeats: int,
+                      clock: Callable[[], float] = time.perf_counter,
+                      prefix_caching: bool = False) -> dict:
     """Plain vs an early-exit draft model at one copy-heavy request, with the break-even acceptance."""
     prompts = chat_prompts(base, True, 1)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     draft = early_exit_draft(base.runner.model, DRAFT_LAYERS)
     spec_config = {"method": "draft_model", "model": draft, "num_speculative_tokens": DRAFT_TOKENS}
-    plain, spec = make_engine(base, None), make_engine(base, spec_config)
-    agree = run_requests(plain, prompts, params) == run_requests(spec, prompts, params)
-    steps = {}
-    for name, engine in (("plain", plain), ("speculative", spec)):
-        before = engine.num_steps
-        run_requests(engine, prompts, params)
-        steps[name] = engine.num_steps - before
-    result = compare(lambda: run_requests(plain, prompts, params), lambda: run_requests(spec, prompts, params),
-                     repeats=repeats, warmup=0)
+    plain, spec = (make_engine(base, c, prefix_caching) for c in (None, spec_config))
+    result, agree, steps = side_by_side(plain, spec, prompts, params, repeats, int(prefix_caching),
+                                        clock)
     # one cycle (k draft steps + one verify pass) in units of one plain target step, measured
     cycle_cost = (result.b.median / steps["speculative"]) / (result.a.median / steps["plain"])
     counters = spec_counters(spec)

@@ -164,15 +164,20 @@ class EngineCore:
 
     def _verify(self, chunk: ScheduledChunk, logits: torch.Tensor) -> list[int | None]:
         """Phase 4 of a verify row: the accepted drafts plus one token (cut after an EOS), the rejected
-        drafts' KV rolled back (``Scheduler.commit_verified``), the counters and logprobs updated."""
+        drafts' KV rolled back (``Scheduler.commit_verified``), a grammar's state moved by the
+        emitted tokens (:mod:`~servelab.engine.structured`), the counters and logprobs updated."""
         seq, drafts = chunk.seq, chunk.draft_ids
-        result = verify(logits, seq, drafts, self.proposer.draft_probs(seq, drafts))
+        masks = (None if seq.params.grammar is None
+                 else structured.verify_masks(seq, drafts, logits.shape[-1]))
+        result = verify(logits, seq, drafts, self.proposer.draft_probs(seq, drafts), masks)
         self.scheduler.commit_verified(chunk, result.accepted)
         self.spec_stats.observe(len(drafts), result.accepted)
         self.last_accepted[seq.seq_id] = result.accepted
         tokens = result.tokens
         if not seq.params.ignore_eos:
             tokens = next((tokens[:i + 1] for i, t in enumerate(tokens) if t in self._eos), tokens)
+        if masks is not None:  # the grammar moves by the emitted tokens: rejected drafts left none
+            structured.advance(seq, tokens)
         if seq.params.logprobs is not None:
             logprobs.record_sampled(logits[:len(tokens)], [seq] * len(tokens), tokens)
         return tokens

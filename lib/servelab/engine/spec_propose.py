@@ -12,8 +12,12 @@ sequence (``Scheduler.propose``); the engine verifies them in the same forward p
   from ``q``, the draft's distribution after the request's sampling transforms, with the sequence's own
   generator, and ``q`` is kept for the verification.
 
-Sequences with a grammar (structured output) get no drafts: their masks would have to follow the
-drafts and roll back with them, which this engine does not do, so they decode one token per step.
+A sequence with a grammar (structured output) keeps only the drafts its grammar allows, each checked
+in the state the drafts before it lead to: the first one refused ends the draft there
+(:func:`~servelab.engine.structured.grammar_prefix`, vLLM V1's ``validate_tokens``). A draft
+model drafts under the grammar's mask as well, so its ``q`` is the distribution the drafts really
+came from and the accept/residual rule stays exact; the verify row's masks and the rollback of the
+grammar state are :mod:`~servelab.engine.structured`'s.
 
 System boundary: token ids in, token ids (and draft distributions) out; the draft model's KV lives in
 host or device memory of its own, outside the engine's block pool.
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from servelab.engine import structured
 from servelab.engine.sampler import SamplingRow, draw, next_token_probs
 from servelab.engine.spec_config import SpeculativeConfig
 from servelab.model.llama import LlamaForCausalLM
@@ -46,11 +51,13 @@ class Proposer:
 
     def propose(self, seq: "Sequence", limit: int) -> list[int]:
         """At most ``min(k, limit)`` drafts after ``seq``'s last token, never past ``max_tokens`` or the
-        context limit (every draft accepted still leaves room for the bonus token), none with a grammar."""
+        context limit (every draft accepted still leaves room for the bonus token), cut at the
+        first one that the sequence's grammar refuses (if it has one)."""
         room = min(self.k, limit, seq.remaining_tokens - 1, self.max_model_len - seq.num_tokens - 1)
-        if room < 1 or seq.params.grammar is not None:
+        if room < 1:
             return []
-        return self._draft(seq, room)
+        drafts = self._draft(seq, room)
+        return drafts if seq.params.grammar is None else structured.grammar_prefix(seq, drafts)
 
     def draft_probs(self, seq: "Sequence", drafts: tuple[int, ...]) -> list[torch.Tensor] | None:
         """The distributions ``drafts`` were drawn from (float64 ``[vocab]`` each), None for point masses."""
@@ -98,8 +105,10 @@ class DraftModelProposer(Proposer):
         feed, drafts, probs = tokens[session.length:], [], []
         for _ in range(count):
             logits = session.extend(feed, 1)
+            mask = (None if seq.params.grammar is None  # the grammar's mask after the drafts so far
+                    else structured.verify_masks(seq, tuple(drafts), logits.shape[-1])[-1])
             q, dead = next_token_probs(logits, [SamplingRow(seq.params, seq.prompt_ids, seq.output_ids + drafts,
-                                                            seq.generator)])
+                                                            seq.generator, mask)])
             if dead:
                 break
             if seq.params.temperature > 0:  # drawn from q with the sequence's own generator

@@ -45,17 +45,24 @@ class Verified:
 
 
 def verify(logits: torch.Tensor, seq: "Sequence", drafts: tuple[int, ...],
-           draft_probs: list[torch.Tensor] | None = None) -> Verified:
+           draft_probs: list[torch.Tensor] | None = None,
+           grammar_masks: list[torch.Tensor] | None = None) -> Verified:
     """Verify ``drafts`` of ``seq`` against ``logits`` (float ``[len(drafts) + 1, vocab]``, the verify row's
-    logits). ``draft_probs``: the distributions the drafts were drawn from (None: point masses)."""
+    logits). ``draft_probs``: the distributions the drafts were drawn from (None: point masses).
+    ``grammar_masks``: for a request with a grammar, the ids allowed at each row (bool ``[vocab]``
+    each, :func:`~servelab.engine.structured.verify_masks`), applied as in one-token sampling."""
     k = len(drafts)
     if logits.dim() != 2 or logits.shape[0] != k + 1:
         raise ValueError(f"logits must be [len(drafts) + 1, vocab] = [{k + 1}, vocab], got {tuple(logits.shape)}")
+    if grammar_masks is not None and len(grammar_masks) != k + 1:
+        raise ValueError(f"grammar_masks must hold len(drafts) + 1 = {k + 1} masks, "
+                         f"got {len(grammar_masks)}")
     params = seq.params
-    if params.temperature == 0 and not uses_processors(params):
+    if params.temperature == 0 and not uses_processors(params) and grammar_masks is None:
         return _greedy(logits.argmax(dim=-1).tolist(), drafts, set())
-    rows = [SamplingRow(params, seq.prompt_ids, seq.output_ids + list(drafts[:i]), seq.generator)
-            for i in range(k + 1)]
+    masks = grammar_masks or [None] * (k + 1)
+    rows = [SamplingRow(params, seq.prompt_ids, seq.output_ids + list(drafts[:i]), seq.generator,
+                        masks[i]) for i in range(k + 1)]
     probs, dead = next_token_probs(logits, rows)
     if params.temperature == 0:
         return _greedy(probs.argmax(dim=-1).tolist(), drafts, dead)
