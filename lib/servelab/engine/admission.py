@@ -15,7 +15,7 @@ from servelab.engine.config import RESERVATION_POLICIES
 from dataclasses import dataclass
 from typing import ClassVar
 
-from servelab.engine.sequence import Sequence
+from servelab.engine.sequence import EngineSequence
 from servelab.kv.allocator import BlockAllocator
 from servelab.kv.arithmetic import blocks_for
 
@@ -50,7 +50,7 @@ class ReservationPolicy:
         first chunk ending at token ``scheduled_end``: all of them (prompt, or a recompute) here."""
         return num_tokens
 
-    def admit(self, allocator: BlockAllocator, seq: Sequence, upto: int | None = None) -> bool:
+    def admit(self, allocator: BlockAllocator, seq: EngineSequence, upto: int | None = None) -> bool:
         """Phase 1: reserve the blocks of the uncached tokens among the first ``upto`` (None: all of
         them) plus the output promise; False (nothing reserved) when the unreserved headroom is too
         small."""
@@ -58,7 +58,7 @@ class ReservationPolicy:
         return allocator.reserve(seq.seq_id, need + self.output_blocks(seq.num_tokens, seq.remaining_tokens,
                                                                        seq.batch_slots))
 
-    def keep_output_promise(self, allocator: BlockAllocator, seq: Sequence) -> None:
+    def keep_output_promise(self, allocator: BlockAllocator, seq: EngineSequence) -> None:
         """Phase 2, once the prompt blocks are allocated: keep reserved exactly the output's promise."""
         allocator.release_reservation(seq.seq_id)
         allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots))

@@ -34,7 +34,7 @@ from servelab.engine.request import FINISH_REASONS, TERMINAL_STATE, lifecycle_st
 from servelab.engine.admission import reservation_policy
 from servelab.engine.sampler import SamplingRow, sample_tokens
 from servelab.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-from servelab.engine.sequence import (EngineRequest, RequestOutput, SampleOutput, Sequence, StepOutputs,
+from servelab.engine.sequence import (EngineRequest, RequestOutput, SampleOutput, EngineSequence, StepOutputs,
                                       accept_token, finish_text, request_output, usage)
 from servelab.engine.spec_propose import make_proposer
 from servelab.engine.spec_verify import SpecDecodingStats, verify
@@ -148,7 +148,7 @@ class EngineCore:
             rows.append((chunk, seq, self.allocator.block_table(seq.seq_id)))
         return ForwardInput.from_chunks(rows)
 
-    def _sample(self, logits: torch.Tensor, picks: list[tuple[Sequence, int]]) -> list[int | None]:
+    def _sample(self, logits: torch.Tensor, picks: list[tuple[EngineSequence, int]]) -> list[int | None]:
         """Phase 4: one token per picked sample, drawn from its logits row (forked samples share one)."""
         if len(picks) != logits.shape[0]:
             logits = logits[torch.tensor([row for _, row in picks], device=logits.device)]
@@ -182,12 +182,12 @@ class EngineCore:
             logprobs.record_sampled(logits[:len(tokens)], [seq] * len(tokens), tokens)
         return tokens
 
-    def _process_outputs(self, seqs: list[Sequence], tokens: list[list[int | None]]) -> list[RequestOutput]:
+    def _process_outputs(self, seqs: list[EngineSequence], tokens: list[list[int | None]]) -> list[RequestOutput]:
         """Phase 5: each sampled token becomes text and maybe a stop; one output per sampled request. A
         verify row brings several tokens: they are taken in order up to the first stop (the rest dropped).
         A sample that fails (masked vocabulary, undecodable text) fails its whole request."""
         now = self.clock()
-        stops: dict[EngineRequest, list[tuple[Sequence, str]]] = {}  # every sampled request, batch order
+        stops: dict[EngineRequest, list[tuple[EngineSequence, str]]] = {}  # every sampled request, batch order
         failures: dict[EngineRequest, str] = {}
         for seq, seq_tokens in zip(seqs, tokens):
             request = seq.request
@@ -205,7 +205,7 @@ class EngineCore:
                 stops[request].append((seq, reason))
         return [self._finish_stopped(r, stops[r], failures.get(r)) for r in stops]
 
-    def _finish_stopped(self, request: EngineRequest, stops: list[tuple[Sequence, str]],
+    def _finish_stopped(self, request: EngineRequest, stops: list[tuple[EngineSequence, str]],
                         failure: str | None) -> RequestOutput:
         """This step's output for a sampled request: finish the text of the samples that stopped, release
         them early when siblings go on, and end the request once no sample is left."""
@@ -236,7 +236,7 @@ class EngineCore:
         stuck = min(ready, key=self.scheduler.key).request
         return [self._end(stuck, "failed", detail="cannot be scheduled even on an idle engine")]
 
-    def _fail(self, seqs: list[Sequence], exc: Exception) -> list[RequestOutput]:
+    def _fail(self, seqs: list[EngineSequence], exc: Exception) -> list[RequestOutput]:
         """End every request that ``seqs`` sample for as failed, with the exception as the detail."""
         requests = dict.fromkeys(s.request for s in seqs)
         return [self._end(r, "failed", detail=repr(exc)) for r in requests]

@@ -41,7 +41,7 @@ class SampleLogprobs:
 
 
 class Scored(Protocol):
-    """What this module reads and writes of one sample (the engine's ``Sequence`` provides it)."""
+    """What this module reads and writes of one sample (the ``EngineSequence`` provides it)."""
 
     params: SamplingParams
     prompt_ids: list[int]

@@ -35,7 +35,7 @@ from servelab.engine.kv_cache import KVCache
 from servelab.engine.kv_pool_size import PoolSize
 from servelab.engine.logprobs import ScoreRow, score_rows
 from servelab.engine.scheduler import ScheduledChunk
-from servelab.engine.sequence import Sequence
+from servelab.engine.sequence import EngineSequence
 from servelab.engine.swap import host_swap_space
 from servelab.model.llama import LlamaForCausalLM
 
@@ -226,7 +226,7 @@ class ForwardInput:
     score_rows: list[ScoreRow] = field(default_factory=list)
 
     @classmethod
-    def from_chunks(cls, chunks: Iterable[tuple[ScheduledChunk, Sequence, list[int]]]) -> "ForwardInput":
+    def from_chunks(cls, chunks: Iterable[tuple[ScheduledChunk, EngineSequence, list[int]]]) -> "ForwardInput":
         """Flatten ``(chunk, its sequence, its block table)`` triples in batch order."""
         batch = cls()
         for chunk, seq, table in chunks:

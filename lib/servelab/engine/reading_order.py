@@ -29,6 +29,6 @@ ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("servelab.engine.cpu_linear", ("PackedLinear.forward",),
      "phase 3's linear layers on a CPU: one row a GEMV, several rows oneDNN on prepacked weights"),
     ("servelab.engine.sampler", ("sample_tokens",), "phase 4: one token per sample, batched"),
-    ("servelab.engine.sequence", ("Sequence", "accept_token", "request_output"),
+    ("servelab.engine.sequence", ("EngineSequence", "accept_token", "request_output"),
      "phase 5 on the per-sample record: text, stop strings, finish reasons, outputs"),
 )

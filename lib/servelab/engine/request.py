@@ -1,6 +1,6 @@
 """A new request built, and its state read: the engine's ``EngineRequest`` and its ``n`` sequences.
 
-One record per sample: a :class:`~servelab.engine.sequence.Sequence` holds that sample's tokens, KV
+One record per sample: a :class:`~servelab.engine.sequence.EngineSequence` holds that sample's tokens, KV
 progress, text and timestamps, and points back to its
 :class:`~servelab.engine.sequence.EngineRequest`, which only groups the samples (one unless
 ``params.n > 1``); the two records refer to each other, so they are defined together in
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from servelab.engine.sequence import EngineRequest, IncrementalDetokenizer, Sequence, SequenceTimes, SeqStatus
+from servelab.engine.sequence import EngineRequest, IncrementalDetokenizer, EngineSequence, SequenceTimes, SeqStatus
 from servelab.lifecycle.state_machine import RequestState
 from servelab.sampling.params import SamplingParams
 from servelab.sampling.stop_strings import StopStringBuffer
@@ -34,7 +34,7 @@ def new_request(request_id: str, seq_ids: list[str], prompt_ids: list[int], para
     ``seed + i``; sample 0 will fork into the others once its prompt is computed."""
     request = EngineRequest(request_id)
     for i, seq_id in enumerate(seq_ids):
-        request.seqs.append(Sequence(seq_id, request, i, prompt_ids, params, arrival_index, SequenceTimes(arrival),
+        request.seqs.append(EngineSequence(seq_id, request, i, prompt_ids, params, arrival_index, SequenceTimes(arrival),
                                      torch.Generator().manual_seed(seed + i), IncrementalDetokenizer(tokenizer),
                                      StopStringBuffer(list(params.stop)), namespace=namespace, priority=priority,
                                      tenant=tenant, deadline=deadline))

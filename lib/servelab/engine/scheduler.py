@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from servelab.engine.admission import ReservationPolicy
 from servelab.engine.config import EngineConfig
-from servelab.engine.sequence import Sequence, SeqStatus
+from servelab.engine.sequence import EngineSequence, SeqStatus
 from servelab.engine.swap import HostSwapSpace
 from servelab.kv.allocator import BlockAllocator, BlockCopy, OutOfBlocks
 from servelab.kv.arithmetic import blocks_for
@@ -32,7 +32,7 @@ from servelab.scheduling.queue_policy import rank_waiting, running_key
 CopyBlocks = Callable[[list[tuple[int, int]]], None]
 """Copies the KV of physical block ``src`` into ``dst`` for each ``(src, dst)``, now (``KVCache.copy_blocks``)."""
 
-Propose = Callable[[Sequence, int], list[int]]
+Propose = Callable[[EngineSequence, int], list[int]]
 """Speculative decoding: at most ``limit`` draft token ids to verify after the decoding sequence's last
 token (:mod:`~servelab.engine.spec_propose`)."""
 
@@ -44,7 +44,7 @@ class ScheduledChunk:
     row (speculative decoding): the last token then these proposals, ``num_tokens = 1 + len(draft_ids)``,
     every position's logits kept."""
 
-    seq: Sequence
+    seq: EngineSequence
     start: int
     num_tokens: int
     emits_token: bool
@@ -122,22 +122,22 @@ class Scheduler:
         self.swap_space = swap_space  # where preemption by swap puts KV (None: no host swap space)
         self.slots = slots  # batch slots: one per sequence holding device KV (max_num_seqs)
         self.key = running_key(config.policy)  # smaller runs first, is preempted last
-        self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []
-        self.swapped: list[Sequence] = []
+        self.waiting: list[EngineSequence] = []
+        self.running: list[EngineSequence] = []
+        self.swapped: list[EngineSequence] = []
         self.ticks = 0
         self.served: dict[str, int] = {}
         self.preemption = PreemptionStats()
         # seq id -> tokens it had computed when last preempted by recompute, until it is past them
         self._dropped_at: dict[str, int] = {}
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: EngineSequence) -> None:
         """Queue a new request for admission."""
         seq.status = SeqStatus.WAITING
         seq.queued_tick = self.ticks
         self.waiting.append(seq)
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: EngineSequence) -> None:
         """A sample that stopped while its siblings go on: its reservation, device blocks (decref: blocks
         shared with the others stay), batch slots and host swap copy go back now, and it leaves its queue.
         A request that ends is released by §0's ``reclaim`` instead (``EngineCore._end``)."""
@@ -147,7 +147,7 @@ class Scheduler:
             self.swap_space.release(seq.seq_id)
         self.retire(seq)
 
-    def retire(self, seq: Sequence) -> None:
+    def retire(self, seq: EngineSequence) -> None:
         """Take an ending sequence out of its queue and mark it FINISHED; what it held was released
         already. Retiring a retired sequence changes nothing."""
         if seq.status is SeqStatus.FINISHED:
@@ -176,7 +176,7 @@ class Scheduler:
             self._admit_waiting(out, budget)
         return out
 
-    def rank_waiting(self) -> list[Sequence]:
+    def rank_waiting(self) -> list[EngineSequence]:
         """The waiting queue best first under the policy (it is kept in that order)."""
         for seq in self.waiting:
             seq.waited = self.ticks - seq.queued_tick
@@ -224,7 +224,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------- running sequences
 
-    def swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
+    def swap_out(self, seq: EngineSequence, out: SchedulerOutput) -> bool:
         """Preempt ``seq`` (already out of the running queue and its batch slots) by swap: copy its computed KV
         to host memory, free its device blocks and queue it as swapped. False, nothing done, when it has no
         computed KV, or there is no host swap space or not enough of it left."""
@@ -261,7 +261,7 @@ class Scheduler:
             self.running.append(seq)
             out.swapped_in.append(seq.seq_id)
 
-    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+    def fork(self, parent: EngineSequence, children: list[EngineSequence]) -> None:
         """``n > 1``: split ``parent``, whose prompt is computed, into itself plus ``children`` (they join the
         running queue sharing its blocks; :mod:`servelab.engine.parallel_sampling` says when)."""
         self.slots.release(parent.seq_id)  # the parent held 1 + len(children) slots since admission
@@ -279,7 +279,7 @@ class Scheduler:
         parent.samples_to_fork = 0
 
 
-    def _split_reservation(self, parent: Sequence, children: list[Sequence]) -> None:
+    def _split_reservation(self, parent: EngineSequence, children: list[EngineSequence]) -> None:
         """The parent's promise (made for all ``n`` samples) is shared out evenly."""
         allocator = self.allocator
         total = allocator.release_reservation(parent.seq_id)
@@ -304,21 +304,21 @@ class Scheduler:
             i += 1
         return budget
 
-    def _chunk_size(self, seq: Sequence, budget: int) -> int:
+    def _chunk_size(self, seq: EngineSequence, budget: int) -> int:
         """Tokens of ``seq`` to compute this tick: all that remain, or a budget-sized chunk (0 = wait)."""
         remaining = seq.num_uncomputed
         if remaining <= budget:
             return remaining
         return budget if self.config.enable_chunked_prefill else 0
 
-    def _drafts(self, seq: Sequence, budget: int) -> tuple[int, ...]:
+    def _drafts(self, seq: EngineSequence, budget: int) -> tuple[int, ...]:
         """Proposals to verify after ``seq``'s last token, within the token budget left: only when that
         token is all it has to compute, and not before a ``n > 1`` prompt has forked its samples."""
         if self.propose is None or seq.num_uncomputed != 1 or seq.samples_to_fork or budget < 2:
             return ()
         return tuple(self.propose(seq, budget - 1))
 
-    def _grow_kv(self, seq: Sequence, upto: int, out: SchedulerOutput, drafts: tuple[int, ...] = ()) -> bool:
+    def _grow_kv(self, seq: EngineSequence, upto: int, out: SchedulerOutput, drafts: tuple[int, ...] = ()) -> bool:
         """Slots for positions up to ``upto`` (the sequence's tokens, then ``drafts``), preempting from the
         back of the running queue when the pool is short. False when ``seq`` itself was preempted."""
         have = self.allocator.num_tokens(seq.seq_id)
@@ -337,13 +337,13 @@ class Scheduler:
             self._execute_copies(copies)
             return True
 
-    def _add_chunk(self, out: SchedulerOutput, seq: Sequence, count: int, drafts: tuple[int, ...] = ()) -> None:
+    def _add_chunk(self, out: SchedulerOutput, seq: EngineSequence, count: int, drafts: tuple[int, ...] = ()) -> None:
         out.chunks.append(ScheduledChunk(seq, seq.num_computed, count + len(drafts),
                                          emits_token=seq.num_computed + count == seq.num_tokens, draft_ids=drafts))
 
     # ------------------------------------------------------------------------------- preemption
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: EngineSequence, out: SchedulerOutput) -> None:
         """Free ``seq``'s device blocks: swap its computed KV to host memory if configured and possible,
         otherwise drop it (recompute later). Dropped, its full computed blocks stay in the prefix
         cache as free, evictable blocks (``BlockPool.free``: tail first, so the prompt's head is
@@ -373,7 +373,7 @@ class Scheduler:
                 return  # no room: later requests must not overtake this one
             budget -= out.chunks[-1].num_tokens
 
-    def _try_admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
+    def _try_admit(self, seq: EngineSequence, budget: int, out: SchedulerOutput) -> bool:
         """Admit ``seq`` and schedule its first chunk; False: no room (slots, blocks or token budget).
         The rule decides how many of its tokens get slots now (the whole prompt, or under
         ``"per-step"`` only the first chunk). Skipping the cached prefix is safe: a block enters the

@@ -1,6 +1,6 @@
 """One sample of a request inside the engine: its record, its text, and the step's outputs built from it.
 
-A request with ``n`` samples has ``n`` sequences (``Sequence.request`` points back to its
+A request with ``n`` samples has ``n`` sequences (``EngineSequence.request`` points back to its
 :class:`EngineRequest`, defined here too: the two records refer to each other), shared by the
 scheduler, the model runner and output processing. Counts are tokens: ``num_computed`` leading tokens
 have K/V in the cache; ``emitted_ids`` have reached the caller as text. Phase 5 of a step is
@@ -45,7 +45,7 @@ class SequenceTimes:
 
 
 @dataclass(eq=False)
-class Sequence:
+class EngineSequence:
     """One sample of a request: what the scheduler, the model runner and output processing share."""
 
     seq_id: str
@@ -125,12 +125,12 @@ class EngineRequest:
     request and its sequences do not keep each other alive."""
 
     request_id: str
-    seqs: list[Sequence] = field(default_factory=list)
+    seqs: list[EngineSequence] = field(default_factory=list)
     forked: bool = False
     finish_reason: str | None = None
 
     @property
-    def seq(self) -> Sequence:
+    def seq(self) -> EngineSequence:
         """Sample 0's sequence: the one scheduled before the fork, the only one when n == 1."""
         return self.seqs[0]
 
@@ -214,7 +214,7 @@ class StepOutputs:
     num_batched_tokens: int = 0
 
 
-def accept_token(seq: Sequence, token: int | None, now: float, eos: Collection[int],
+def accept_token(seq: EngineSequence, token: int | None, now: float, eos: Collection[int],
                  max_model_len: int) -> tuple[str | None, str]:
     """Append a sampled token and produce its text. Returns the stop it fired (None, ``"eos"`` (one of the
     ``eos`` ids), ``"stop"``, ``"length"`` or ``"failed"``) and, for ``"failed"``, why."""
@@ -238,7 +238,7 @@ def accept_token(seq: Sequence, token: int | None, now: float, eos: Collection[i
     return None, ""
 
 
-def release_ids(seq: Sequence, now: float, partial: bool = False) -> tuple[int, ...]:
+def release_ids(seq: EngineSequence, now: float, partial: bool = False) -> tuple[int, ...]:
     """Hand out the token ids whose text has reached the caller (``partial``: also those cut by a stop
     string), stamping their emit time. An id whose text is still held back waits with it."""
     released, new = len(seq.text), []
@@ -253,7 +253,7 @@ def release_ids(seq: Sequence, now: float, partial: bool = False) -> tuple[int, 
     return tuple(new)
 
 
-def finish_text(seq: Sequence, reason: str, now: float) -> None:
+def finish_text(seq: EngineSequence, reason: str, now: float) -> None:
     """Finish one sample's text: a normal end (length, EOS) releases the text held back for a possible
     stop string; a stop match releases the ids of tokens its text reaches into; cancelled, timed-out
     and failed samples drop whatever was still held (the client never sees it)."""
@@ -270,7 +270,7 @@ def finish_text(seq: Sequence, reason: str, now: float) -> None:
     seq.times.finish = now
 
 
-def request_output(request_id: str, seqs: list[Sequence], finish_reason: str | None) -> RequestOutput:
+def request_output(request_id: str, seqs: list[EngineSequence], finish_reason: str | None) -> RequestOutput:
     """The request's output for this step; hands out (and clears) each sample's pending delta."""
     finished = finish_reason is not None
     first = seqs[0]
@@ -287,7 +287,7 @@ def request_output(request_id: str, seqs: list[Sequence], finish_reason: str | N
     return output
 
 
-def usage(seqs: list[Sequence]) -> Usage:
+def usage(seqs: list[EngineSequence]) -> Usage:
     """The request's token counts so far, summed over its samples (a finished sample counts what it
     held when it finished)."""
     first = seqs[0]
@@ -298,7 +298,7 @@ def usage(seqs: list[Sequence]) -> Usage:
                                       for s in seqs))
 
 
-def timing(seq: Sequence) -> RequestTiming | None:
+def timing(seq: EngineSequence) -> RequestTiming | None:
     """The stream's ``RequestTiming`` (arrival, first scheduled, emits, finish), None if nothing was emitted."""
     times = seq.times
     if not times.emits or times.first_scheduled is None:

@@ -35,7 +35,7 @@ from servelab.engine.spec_config import SpeculativeConfig
 from servelab.model.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
-    from servelab.engine.sequence import Sequence
+    from servelab.engine.sequence import EngineSequence
     from servelab.optimizations.speculative import KVSession
 
 __all__ = ["DraftModelProposer", "NgramProposer", "Proposer", "make_proposer"]
@@ -49,7 +49,7 @@ class Proposer:
         self.k = num_speculative_tokens
         self.max_model_len = max_model_len
 
-    def propose(self, seq: "Sequence", limit: int) -> list[int]:
+    def propose(self, seq: "EngineSequence", limit: int) -> list[int]:
         """At most ``min(k, limit)`` drafts after ``seq``'s last token, never past ``max_tokens`` or the
         context limit (every draft accepted still leaves room for the bonus token), cut at the
         first one that the sequence's grammar refuses (if it has one)."""
@@ -59,14 +59,14 @@ class Proposer:
         drafts = self._draft(seq, room)
         return drafts if seq.params.grammar is None else structured.grammar_prefix(seq, drafts)
 
-    def draft_probs(self, seq: "Sequence", drafts: tuple[int, ...]) -> list[torch.Tensor] | None:
+    def draft_probs(self, seq: "EngineSequence", drafts: tuple[int, ...]) -> list[torch.Tensor] | None:
         """The distributions ``drafts`` were drawn from (float64 ``[vocab]`` each), None for point masses."""
         return None
 
     def keep_only(self, seq_ids: set[str]) -> None:
         """Drop whatever is kept for sequences not in ``seq_ids`` (no longer running)."""
 
-    def _draft(self, seq: "Sequence", count: int) -> list[int]:
+    def _draft(self, seq: "EngineSequence", count: int) -> list[int]:
         raise NotImplementedError
 
 
@@ -80,7 +80,7 @@ class NgramProposer(Proposer):
         super().__init__(config.num_speculative_tokens, max_model_len)
         self.lookup = PromptLookupProposer(config.prompt_lookup_max, config.prompt_lookup_min)
 
-    def _draft(self, seq: "Sequence", count: int) -> list[int]:
+    def _draft(self, seq: "EngineSequence", count: int) -> list[int]:
         return self.lookup.propose(seq.token_ids, count)
 
 
@@ -94,7 +94,7 @@ class DraftModelProposer(Proposer):
         self.sessions: dict[str, "KVSession"] = {}
         self._probs: dict[str, list[torch.Tensor]] = {}
 
-    def _draft(self, seq: "Sequence", count: int) -> list[int]:
+    def _draft(self, seq: "EngineSequence", count: int) -> list[int]:
         from servelab.optimizations.speculative import KVSession  # it imports the engine: not at module level
 
         session = self.sessions.get(seq.seq_id)
@@ -121,7 +121,7 @@ class DraftModelProposer(Proposer):
         self._probs[seq.seq_id] = probs
         return drafts
 
-    def draft_probs(self, seq: "Sequence", drafts: tuple[int, ...]) -> list[torch.Tensor] | None:
+    def draft_probs(self, seq: "EngineSequence", drafts: tuple[int, ...]) -> list[torch.Tensor] | None:
         return self._probs.pop(seq.seq_id)[:len(drafts)]
 
     def keep_only(self, seq_ids: set[str]) -> None:

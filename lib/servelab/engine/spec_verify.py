@@ -30,7 +30,7 @@ from servelab.engine.sampler import SamplingRow, next_token_probs
 from servelab.engine.logits_processors import uses_processors
 
 if TYPE_CHECKING:
-    from servelab.engine.sequence import Sequence
+    from servelab.engine.sequence import EngineSequence
 
 __all__ = ["SpecDecodingStats", "Verified", "verify"]
 
@@ -44,7 +44,7 @@ class Verified:
     accepted: int
 
 
-def verify(logits: torch.Tensor, seq: "Sequence", drafts: tuple[int, ...],
+def verify(logits: torch.Tensor, seq: "EngineSequence", drafts: tuple[int, ...],
            draft_probs: list[torch.Tensor] | None = None,
            grammar_masks: list[torch.Tensor] | None = None) -> Verified:
     """Verify ``drafts`` of ``seq`` against ``logits`` (float ``[len(drafts) + 1, vocab]``, the verify row's

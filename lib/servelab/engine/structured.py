@@ -29,13 +29,13 @@ from servelab.sampling import grammar
 
 if TYPE_CHECKING:
     from servelab.engine.sampling_row import SamplingRow
-    from servelab.engine.sequence import Sequence
+    from servelab.engine.sequence import EngineSequence
 
 __all__ = ["grammar_masks", "mask_logits", "accept_tokens", "grammar_prefix", "verify_masks",
            "advance"]
 
 
-def grammar_masks(seqs: list["Sequence"], vocab_size: int) -> dict[int, torch.Tensor]:
+def grammar_masks(seqs: list["EngineSequence"], vocab_size: int) -> dict[int, torch.Tensor]:
     """Row -> the ids its grammar allows next, for the rows whose request has ``params.grammar``."""
     rows = [i for i, s in enumerate(seqs) if s.params.grammar is not None]
     if not rows:
@@ -56,14 +56,14 @@ def mask_logits(z: torch.Tensor, rows: list["SamplingRow"]) -> set[int]:
     return dead
 
 
-def accept_tokens(seqs: list["Sequence"], masks: dict[int, torch.Tensor], tokens: list[int | None]) -> None:
+def accept_tokens(seqs: list["EngineSequence"], masks: dict[int, torch.Tensor], tokens: list[int | None]) -> None:
     """Advance the matcher of every masked row by the token it drew (a row left with no token is skipped)."""
     for i in masks:
         if tokens[i] is not None:
             grammar.accept(seqs[i].matcher, tokens[i])
 
 
-def grammar_prefix(seq: "Sequence", drafts: list[int]) -> list[int]:
+def grammar_prefix(seq: "EngineSequence", drafts: list[int]) -> list[int]:
     """The longest prefix of ``drafts`` that ``seq``'s grammar allows after its tokens so far:
     each draft checked in the state the drafts before it lead to (an id the grammar forbids, e.g.
     a raw control character in JSON, counts as refused). The matcher ends where it started."""
@@ -78,7 +78,7 @@ def grammar_prefix(seq: "Sequence", drafts: list[int]) -> list[int]:
     return drafts[:kept]
 
 
-def verify_masks(seq: "Sequence", drafts: tuple[int, ...], vocab_size: int) -> list[torch.Tensor]:
+def verify_masks(seq: "EngineSequence", drafts: tuple[int, ...], vocab_size: int) -> list[torch.Tensor]:
     """Bool ``[vocab_size]`` per row of ``seq``'s verify row: row ``i`` holds the ids the grammar
     allows after the first ``i`` drafts. Past a draft the grammar refuses, or past its end, nothing
     is allowed. The matcher ends where it started."""
@@ -95,14 +95,14 @@ def verify_masks(seq: "Sequence", drafts: tuple[int, ...], vocab_size: int) -> l
     return masks
 
 
-def advance(seq: "Sequence", tokens: list[int | None]) -> None:
+def advance(seq: "EngineSequence", tokens: list[int | None]) -> None:
     """Move ``seq``'s matcher by the tokens its verify row emitted (a trailing None: no token)."""
     for token in tokens:
         if token is not None:
             grammar.accept(_matcher(seq), token)
 
 
-def _matcher(seq: "Sequence") -> grammar.Matcher:
+def _matcher(seq: "EngineSequence") -> grammar.Matcher:
     """``seq``'s matcher, made at its first use."""
     if seq.matcher is None:
         seq.matcher = grammar.new_matcher(seq.params.grammar)

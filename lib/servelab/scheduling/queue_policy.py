@@ -1,7 +1,7 @@
 """Queue policies: which waiting request is served first, for the engine and the tick simulators alike.
 
 A policy reads a waiting request through :class:`Queued` (arrival index, priority class, tokens still
-owed), which the engine's ``Sequence`` and :mod:`servelab.scheduling.batching`'s requests both provide. A *key* maps
+owed), which the ``EngineSequence`` and :mod:`servelab.scheduling.batching`'s requests both provide. A *key* maps
 a request to a tuple; smaller keys are served first (in the engine, preempted last), and every key ends
 with the arrival index, so the order is total. FCFS, the default, is here; priority, SJF, SJF with aging
 and fair queuing are in :mod:`servelab.scheduling.queue_disciplines`.

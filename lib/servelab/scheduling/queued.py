@@ -1,6 +1,6 @@
 """What a queue policy reads from a waiting request: the :class:`Queued` protocol, and the key type.
 
-The engine's ``Sequence`` and the tick simulators' requests both provide these fields, so one set
+The ``EngineSequence`` and the tick simulators' requests both provide these fields, so one set
 of policies (:mod:`servelab.scheduling.queue_policy`, :mod:`servelab.scheduling.queue_disciplines`)
 orders both. System boundary: a type only; nothing here orders anything.
 """
