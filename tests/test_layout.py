@@ -1,11 +1,12 @@
-"""The library's layout stays readable: no module under lib/servelab is longer than 500 physical lines."""
+"""The library's layout stays readable: no module under lib/servelab is longer than 600 physical lines
+(lines of at most 100 characters, tests/test_line_length.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 LIBRARY = Path(__file__).resolve().parents[1] / "lib" / "servelab"
-MAX_LINES = 500
+MAX_LINES = 600  # was 500 at 120 characters a line; wrapping at 100 took the longest to 591
 
 # Modules allowed over the limit for now, path relative to lib/servelab -> why. Each entry names work
 # that is under way; remove it once the module is split (the second test says when).

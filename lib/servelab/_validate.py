@@ -1,9 +1,9 @@
 """Shared argument checks for the servelab library.
 
 Each checker returns the value it was given (unchanged, so an ``int`` passed to :func:`require_real`
-stays an ``int``), raises :class:`TypeError` when the value has the wrong type and :class:`ValueError`
-when it has the right type but lies outside the allowed range. Messages name the parameter and the
-allowed range, e.g. ``"capacity must be an int >= 1, got 0"``.
+stays an ``int``), raises :class:`TypeError` when the value has the wrong type and
+:class:`ValueError` when it has the right type but lies outside the allowed range. Messages name the
+parameter and the allowed range, e.g. ``"capacity must be an int >= 1, got 0"``.
 
 ``bool`` is rejected wherever a number is expected: ``True`` is an ``int`` to Python but never a
 meaningful count or duration here.
@@ -19,8 +19,16 @@ import operator
 from collections.abc import Hashable, Iterable
 from numbers import Real
 
-__all__ = ["require_int", "require_index", "require_indices", "require_real", "require_interval", "require_name", "require_id",
-           "require_type"]
+__all__ = [
+    "require_int",
+    "require_index",
+    "require_indices",
+    "require_real",
+    "require_interval",
+    "require_name",
+    "require_id",
+    "require_type",
+]
 
 
 def _is_bool(value: object) -> bool:
@@ -38,7 +46,9 @@ def _int_range(minimum: int | None, maximum: int | None) -> str:
     return ""
 
 
-def require_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
+def require_int(
+    name: str, value: object, minimum: int | None = None, maximum: int | None = None
+) -> int:
     """Check that ``value`` is an ``int`` (not a ``bool``) with ``minimum <= value <= maximum``.
 
     Either bound may be ``None`` (unbounded). Returns ``value``.
@@ -57,10 +67,16 @@ def require_int(name: str, value: object, minimum: int | None = None, maximum: i
     return value
 
 
-def require_index(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Like :func:`require_int`, but also accepts integer-like values (``numpy.int64``: anything with
-    ``__index__``) and returns them as a plain ``int``; ``bool`` is still rejected."""
-    if type(value) is int and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
+def require_index(
+    name: str, value: object, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """Like :func:`require_int`, but also accepts integer-like values (``numpy.int64``: anything
+    with ``__index__``) and returns them as a plain ``int``; ``bool`` is still rejected."""
+    if (
+        type(value) is int
+        and (minimum is None or value >= minimum)
+        and (maximum is None or value <= maximum)
+    ):
         return value  # the common case, checked without building a message (allocator hot path)
     wanted = f"{name} must be an int{_int_range(minimum, maximum)}"
     if _is_bool(value):
@@ -72,21 +88,26 @@ def require_index(name: str, value: object, minimum: int | None = None, maximum:
     return require_int(name, as_int, minimum, maximum)
 
 
-def require_indices(name: str, values: object, minimum: int | None = 0, *, allow_empty: bool = True) -> tuple[int, ...]:
+def require_indices(
+    name: str, values: object, minimum: int | None = 0, *, allow_empty: bool = True
+) -> tuple[int, ...]:
     """A sequence of integer-like values (token ids, lengths) as a tuple of ``int``, each checked by
     :func:`require_index` under the name ``{name}[i]``. Raises TypeError for a str, bytes or
     non-iterable, ValueError for an empty sequence unless ``allow_empty``."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
     checked = tuple(values)
-    if not all(type(v) is int and (minimum is None or v >= minimum) for v in checked):  # else: name the bad one
+    # else: name the bad one
+    if not all(type(v) is int and (minimum is None or v >= minimum) for v in checked):
         checked = tuple(require_index(f"{name}[{i}]", v, minimum) for i, v in enumerate(checked))
     if not checked and not allow_empty:
         raise ValueError(f"{name} must hold at least one int, got an empty sequence")
     return checked
 
 
-def _real_range(minimum: float | None, maximum: float | None, strict_min: bool, strict_max: bool) -> str:
+def _real_range(
+    minimum: float | None, maximum: float | None, strict_min: bool, strict_max: bool
+) -> str:
     if minimum is not None and maximum is not None:
         left = "(" if strict_min else "["
         right = ")" if strict_max else "]"
@@ -98,8 +119,15 @@ def _real_range(minimum: float | None, maximum: float | None, strict_min: bool, 
     return ""
 
 
-def require_real(name: str, value: object, minimum: float | None = None, maximum: float | None = None, *,
-                 strict_min: bool = False, strict_max: bool = False) -> float:
+def require_real(
+    name: str,
+    value: object,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    *,
+    strict_min: bool = False,
+    strict_max: bool = False,
+) -> float:
     """Check that ``value`` is a finite real number (not a ``bool``) inside the given range.
 
     ``minimum``/``maximum`` may be ``None`` (unbounded); ``strict_min``/``strict_max`` exclude the
@@ -119,20 +147,22 @@ def require_real(name: str, value: object, minimum: float | None = None, maximum
     too_high = maximum is not None and (value >= maximum if strict_max else value > maximum)
     if not math.isfinite(value) or too_low or too_high:
         raise ValueError(
-            f"{name} must be finite{_real_range(minimum, maximum, strict_min, strict_max)}, got {value}"
+            f"{name} must be "
+            f"finite{_real_range(minimum, maximum, strict_min, strict_max)}, got {value}"
         )
     return value
 
 
 def require_interval(name: str, value: object, low: float, high: float, *, low_open: bool = False,
                      high_open: bool = False) -> float:
-    """``value`` as a ``float`` after checking it is a real number (numpy scalars included, ``bool`` not)
-    inside the interval from ``low`` to ``high`` (``low_open`` / ``high_open`` exclude an end; an
-    infinite end is allowed). NaN is rejected.
+    """``value`` as a ``float`` after checking it is a real number (numpy scalars included, ``bool``
+    not) inside the interval from ``low`` to ``high`` (``low_open`` / ``high_open`` exclude an end;
+    an infinite end is allowed). NaN is rejected.
 
     Raises:
         TypeError: ``"{name} must be a real number in {interval}, got {type}"``.
-        ValueError: ``"{name} must be in {interval}, got {value!r}"``, e.g. ``"p must be in (0.0, 1.0], got 0"``.
+        ValueError: ``"{name} must be in {interval}, got {value!r}"``, e.g. ``"p must be in (0.0,
+            1.0], got 0"``.
     """
     interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     if _is_bool(value) or not isinstance(value, Real):
@@ -146,7 +176,8 @@ def require_interval(name: str, value: object, low: float, high: float, *, low_o
 
 
 def require_name(name: str, value: object) -> str:
-    """Check that ``value`` is a non-empty ``str``; ``name`` is the parameter's name for the message.
+    """Check that ``value`` is a non-empty ``str``; ``name`` is the parameter's name for the
+    message.
 
     Returns ``value``.
 
@@ -162,19 +193,23 @@ def require_name(name: str, value: object) -> str:
 
 
 def require_id(name: str, value: object) -> Hashable:
-    """Check that ``value`` can key a dict and is not ``None`` (a request or sequence id). Returns it."""
+    """Check that ``value`` can key a dict and is not ``None`` (a request or sequence id). Returns
+    it."""
     if value is None or not isinstance(value, Hashable):
         raise TypeError(f"{name} must be a hashable, non-None id, got {value!r}")
     return value
 
 
 def require_type(name: str, value: object, kind: type | tuple[type, ...]) -> object:
-    """Check ``isinstance(value, kind)`` (``bool`` is not accepted where ``kind`` is ``int``). Returns it.
+    """Check ``isinstance(value, kind)`` (``bool`` is not accepted where ``kind`` is ``int``).
+    Returns it.
 
     Raises TypeError: ``"{name} must be a {kind}, got {type}"``.
     """
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds and int in kinds):
+    if not isinstance(value, kinds) or (
+        isinstance(value, bool) and bool not in kinds and int in kinds
+    ):
         names = " or ".join(k.__name__ for k in kinds)
         raise TypeError(f"{name} must be a {names}, got {type(value).__name__}")
     return value

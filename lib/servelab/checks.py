@@ -34,7 +34,13 @@ from servelab.kv import (
     physical_blocks_with_sharing,
 )
 from servelab.lifecycle.ledger import Usage
-from servelab.lifecycle.state_machine import Ledger, RequestLifecycle, RequestState, SlotPool, reclaim
+from servelab.lifecycle.state_machine import (
+    Ledger,
+    RequestLifecycle,
+    RequestState,
+    SlotPool,
+    reclaim,
+)
 from servelab.prose import count
 from servelab.metrics.roofline import ModelShape, decode_cost, prefill_cost, ridge_point
 from servelab.sampling import (
@@ -64,7 +70,9 @@ def _expect(condition: bool, reason: str) -> None:
         raise CheckFailure(reason)
 
 
-def _raises(error: type[Exception] | tuple[type[Exception], ...], call: Callable[[], object]) -> bool:
+def _raises(
+    error: type[Exception] | tuple[type[Exception], ...], call: Callable[[], object]
+) -> bool:
     try:
         call()
     except error:
@@ -96,20 +104,29 @@ def check_sampling_operators() -> str:
     cold = temperature_probs(logits, 0.01)
     tied = temperature_probs([4.0, 4.0, 2.0, 1.0], 0.01)
     _expect(cold[0] > 1 - 1e-9, f"unique max at T->0 should be one-hot, got {cold[0]:.6f}")
-    _expect(np.allclose(tied, [0.5, 0.5, 0, 0], atol=1e-9), f"tied max at T->0 should split, got {tied}")
+    _expect(
+        np.allclose(tied, [0.5, 0.5, 0, 0], atol=1e-9), f"tied max at T->0 should split, got {tied}"
+    )
     _expect(support(top_k_filter(probs, 2)) == [0, 1], "top-k=2 must keep exactly the two best")
     top_p = support(top_p_filter([0.4, 0.3, 0.2, 0.1], 0.65))
     _expect(top_p == [0, 1], f"top-p 0.65 must keep the boundary token, got {top_p}")
     min_p_sizes = [len(support(min_p_filter(probs, a))) for a in (0.9, 0.5, 0.2, 0.05)]
-    _expect(min_p_sizes == sorted(min_p_sizes) and min_p_sizes[0] >= 1, "min-p must grow as alpha falls")
+    _expect(
+        min_p_sizes == sorted(min_p_sizes) and min_p_sizes[0] >= 1, "min-p must grow as alpha falls"
+    )
     by_temp = [len(min_p_support_from_logits([4, 3, 2, 1, 0], t, 0.3)) for t in (0.2, 0.5, 1, 2, 5)]
     _expect(by_temp == sorted(by_temp) and by_temp[0] < by_temp[-1], f"min-p vs T: {by_temp}")
     typical = support(typical_filter([0.02, 0.35, 0.33, 0.30], 0.63))
     _expect(typical == [2, 3], f"typical must drop the most probable token, got {typical}")
     shifted = softmax([z + 7.5 for z in logits])
-    for name, f in (("top-k", lambda p: top_k_filter(p, 3)), ("top-p", lambda p: top_p_filter(p, 0.8)),
-                    ("min-p", lambda p: min_p_filter(p, 0.3))):
-        _expect(support(f(probs)) == support(f(shifted)), f"{name} support changed under a logit shift")
+    for name, f in (
+        ("top-k", lambda p: top_k_filter(p, 3)),
+        ("top-p", lambda p: top_p_filter(p, 0.8)),
+        ("min-p", lambda p: min_p_filter(p, 0.3)),
+    ):
+        _expect(
+            support(f(probs)) == support(f(shifted)), f"{name} support changed under a logit shift"
+        )
     penalised = apply_repetition_penalty([2.0, -2.0, 1.0], [0, 1], 1.2)
     _expect(np.allclose(penalised, [2 / 1.2, -2.4, 1.0]), f"repetition penalty wrong: {penalised}")
     freq = apply_frequency_presence([1.0, 1.0, 1.0], [0, 1, 3], 0.5, 0.25)
@@ -119,11 +136,15 @@ def check_sampling_operators() -> str:
     first, second = np.random.default_rng(7), np.random.default_rng(7)
     _expect([sample(probs, first) for _ in range(20)] == [sample(probs, second) for _ in range(20)],
             "the same seed must give the same draws")
-    _expect(sample([0, 0, 1.0, 0], np.random.default_rng(0)) == 2, "a one-token support must be drawn")
+    _expect(
+        sample([0, 0, 1.0, 0], np.random.default_rng(0)) == 2, "a one-token support must be drawn"
+    )
     rng = np.random.default_rng(0)
     target = np.array([0.5, 0.3, 0.2])
     counts = np.bincount([sample(target, rng) for _ in range(20_000)], minlength=3) / 20_000
-    _expect(np.abs(counts - target).max() < 0.02, f"empirical frequencies {counts} far from {target}")
+    _expect(
+        np.abs(counts - target).max() < 0.02, f"empirical frequencies {counts} far from {target}"
+    )
     return (f"sampling: greedy tie->id 1, T=0 rejected, T->0 one-hot p={cold[0]:.4f} / tied split "
             f"{tied[0]:.2f}+{tied[1]:.2f}, top-p(0.65)={top_p}, min-p sizes vs T={by_temp}, "
             f"typical(0.63)={typical}, shift-invariant, penalties, mask={masked}, "
@@ -136,7 +157,10 @@ def check_filter_order() -> str:
     k_then_p = support(top_p_filter(top_k_filter(probs, 3), 0.8))
     p_then_k = support(top_k_filter(top_p_filter(probs, 0.8), 3))
     _expect(k_then_p == [0, 1] and p_then_k == [0, 1, 2], f"got {k_then_p} and {p_then_k}")
-    return f"filter order matters: top_k(3)->top_p(0.8) keeps {k_then_p}, top_p->top_k keeps {p_then_k}"
+    return (
+        f"filter order matters: top_k(3)->top_p(0.8) keeps {k_then_p}, top_p->top_k keeps "
+        f"{p_then_k}"
+    )
 
 
 def check_stop_strings() -> str:
@@ -171,14 +195,17 @@ def _illegal_batching_inputs() -> list[Callable[[], object]]:
 
 
 def check_batching() -> str:
-    """[D04] static vs continuous on the A, B, C workload (1, 4 and 1 tokens, 2 slots), the equal-length tie, arrivals, bad inputs."""
+    """[D04] static vs continuous on the A, B, C workload (1, 4 and 1 tokens, 2 slots), the
+    equal-length tie, arrivals, bad inputs."""
     reqs = [Request("A", 0, 1), Request("B", 0, 4), Request("C", 0, 1)]
     static, _ = simulate_batching(reqs, 2, "static")
     cont, _ = simulate_batching(reqs, 2, "continuous")
     _expect(static == {"A": 1, "B": 4, "C": 5}, f"static completion {static}")
     _expect(cont == {"A": 1, "C": 2, "B": 4}, f"continuous completion {cont}")
     u_static, u_cont = utilization(static, reqs, 2)[0], utilization(cont, reqs, 2)[0]
-    _expect((round(u_static, 2), round(u_cont, 2)) == (0.60, 0.75), f"utilisation {u_static}, {u_cont}")
+    _expect(
+        (round(u_static, 2), round(u_cont, 2)) == (0.60, 0.75), f"utilisation {u_static}, {u_cont}"
+    )
     equal = [Request("X", 0, 3), Request("Y", 0, 3)]
     spans = {p: max(simulate_batching(equal, 2, p)[0].values()) for p in ("static", "continuous")}
     _expect(spans["static"] == spans["continuous"], f"equal-length makespans differ: {spans}")
@@ -193,9 +220,11 @@ def check_batching() -> str:
     def fmt(completion: dict[str, int]) -> str:
         return ",".join(f"{n}={t}" for n, t in sorted(completion.items(), key=lambda kv: kv[1]))
 
-    return (f"batching: static {fmt(static)} (util={u_static:.2f}); continuous {fmt(cont)} "
-            f"(util={u_cont:.2f}); equal lengths: both makespan={spans['static']}; delayed arrivals "
-            f"run inside [arrival, completion); {rejected}/7 illegal inputs rejected")
+    return (
+        f"batching: static {fmt(static)} (util={u_static:.2f}); continuous {fmt(cont)} "
+        f"(util={u_cont:.2f}); equal lengths: both makespan={spans['static']}; delayed arrivals "
+        f"run inside [arrival, completion); {rejected}/7 illegal inputs rejected"
+    )
 
 
 def check_chunked_prefill() -> str:
@@ -218,8 +247,11 @@ def check_kv_bytes_per_token() -> str:
     layers, kv_heads, head_dim, elem_bytes = 2, 2, 4, 2
     m_token = kv_bytes_per_token(layers, kv_heads, head_dim, elem_bytes)
     _expect(m_token == 64, f"bytes/token {m_token}")
-    return (f"KV bytes/token (layers={layers}, kv_heads={kv_heads}, head_dim={head_dim}, "
-            f"{elem_bytes} B) = {m_token} B = 2 (K and V) x {layers} x {kv_heads} x {head_dim} x {elem_bytes}")
+    return (
+        f"KV bytes/token (layers={layers}, kv_heads={kv_heads}, head_dim={head_dim}, "
+        f"{elem_bytes} B) = {m_token} B = 2 (K and V) x {layers} x {kv_heads} x {head_dim} "
+        f"x {elem_bytes}"
+    )
 
 
 def check_block_fragmentation() -> str:
@@ -227,8 +259,10 @@ def check_block_fragmentation() -> str:
     m_token = kv_bytes_per_token(2, 2, 4, 2)
     logical, allocated = block_alloc_slots([1, 5], 4)
     _expect((logical, allocated) == (6, 12), f"slots {logical}/{allocated}")
-    return (f"block allocation lengths [1,5], block 4: logical {logical} slots/{logical * m_token} B, "
-            f"allocated {allocated} slots/{allocated * m_token} B (internal fragmentation)")
+    return (
+        f"block allocation lengths [1,5], block 4: logical {logical} slots/{logical * m_token} B, "
+        f"allocated {allocated} slots/{allocated * m_token} B (internal fragmentation)"
+    )
 
 
 def check_sharing_and_allocator() -> str:
@@ -242,8 +276,10 @@ def check_sharing_and_allocator() -> str:
     three = [list(range(8)) + [100 + i] for i in range(3)]
     saved = physical_blocks_no_sharing([9] * 3, 4) - physical_blocks_with_sharing(three, 4)
     _expect(saved == (3 - 1) * 2, f"3-way sharing of 2 blocks saved {saved}, expected 4")
-    _expect(_raises(ValueError, lambda: kv_heads_per_tp_rank(8, 3)) and kv_heads_per_tp_rank(8, 4) == 2,
-            "TP guard must reject 8 KV heads over 3 ranks")
+    _expect(
+        _raises(ValueError, lambda: kv_heads_per_tp_rank(8, 3)) and kv_heads_per_tp_rank(8, 4) == 2,
+        "TP guard must reject 8 KV heads over 3 ranks",
+    )
     pool = BlockAllocator(num_blocks=8, block_size=4)
     pool.allocate_prompt("parent", [1, 2, 3, 4, 5, 6])
     pool.fork("parent", "child")
@@ -256,9 +292,12 @@ def check_sharing_and_allocator() -> str:
     pool.free("parent")
     pool.inspect().check_invariants()
     _expect(pool.num_used_blocks == 0, "freeing both sequences must return every block")
-    return (f"prefix sharing (exact token match) {no_share}->{shared} blocks, sub-block overlap shares 0, "
-            f"3-way sharing saves {saved} = (n-1)*B_shared, TP guard rejects 8 heads / TP 3, "
-            f"fork + copy-on-write + free leaves 0 blocks in use")
+    return (
+        f"prefix sharing (exact token match) {no_share}->{shared} blocks, sub-block "
+        f"overlap shares 0, "
+        f"3-way sharing saves {saved} = (n-1)*B_shared, TP guard rejects 8 heads / TP 3, "
+        f"fork + copy-on-write + free leaves 0 blocks in use"
+    )
 
 
 # --- D09: roofline --------------------------------------------------------------------------------
@@ -272,12 +311,18 @@ def check_roofline() -> str:
     context = 2048
     pre = prefill_cost(shape, context).intensity
     dec = decode_cost(shape, context, 1).intensity
-    _expect(pre > ridge > dec, f"prefill {pre:.0f} and decode {dec:.2f} FLOP/B vs ridge {ridge:.1f}")
+    _expect(
+        pre > ridge > dec, f"prefill {pre:.0f} and decode {dec:.2f} FLOP/B vs ridge {ridge:.1f}"
+    )
     # attention over the cache does 4 x layers x hidden FLOPs per cached token's KV bytes
     per_cached = 4 * shape.n_layers * shape.hidden_size / shape.kv_bytes_per_token
-    return (f"roofline ridge I* = {ridge:.1f} FLOP/byte (upper-bound reference only); 70B bf16: prefill "
-            f"of {context:,} tokens {pre:.0f}, decode batch 1 at context {context:,}: {dec:.2f} FLOP/byte "
-            f"(rises with the context: each cached token adds {per_cached:.0f} FLOP per KV byte)")
+    return (
+        f"roofline ridge I* = {ridge:.1f} FLOP/byte (upper-bound reference only); 70B "
+        f"bf16: prefill "
+        f"of {context:,} tokens {pre:.0f}, decode batch 1 at context {context:,}: "
+        f"{dec:.2f} FLOP/byte "
+        f"(rises with the context: each cached token adds {per_cached:.0f} FLOP per KV byte)"
+    )
 
 
 # --- D10: one engine tick -------------------------------------------------------------------------
@@ -305,7 +350,8 @@ class EngineState:
 
 @dataclass(frozen=True)
 class TickReport:
-    """One tick's results; KV bytes are the allocator's used blocks x block size x bytes per token."""
+    """One tick's results; KV bytes are the allocator's used blocks x block size x bytes per
+    token."""
 
     admitted: tuple[str, ...]
     next_tokens: dict[str, int]
@@ -315,7 +361,8 @@ class TickReport:
 
 
 PLACEHOLDER_LOGITS = (4.0, 3.0, 2.0, 1.0)
-"""Stand-in for a forward pass: every running request gets these logits (the model is not the point)."""
+"""Stand-in for a forward pass: every running request gets these logits (the model is not the
+point)."""
 
 
 def _admit(state: EngineState, request: Request, prompt: tuple[int, ...]) -> None:
@@ -334,15 +381,16 @@ def engine_tick(
 ) -> TickReport:
     """Run one scheduler iteration over ``state`` (time ``state.now`` -> ``state.now + 1``).
 
-    1. admission: pop the waiting queue FCFS while a batch slot is free and the allocator has headroom
-       for ``prompt``'s blocks; the request's lifecycle moves to PREFILL and its prompt gets a block
-       table (tokenization and the ingress gate happened before the queue);
+    1. admission: pop the waiting queue FCFS while a batch slot is free and the allocator has
+       headroom for ``prompt``'s blocks; the request's lifecycle moves to PREFILL and its prompt
+       gets a block table (tokenization and the ingress gate happened before the queue);
     2. forward (placeholder): every running request receives ``PLACEHOLDER_LOGITS``;
     3. sample and commit: ``sample(top_k_filter(softmax(logits), 2), rng)``; the token's KV slot is
        appended to the request's block table;
     4. finish: a request that has produced its ``ticks_needed`` tokens is FINISHED;
-    5. reclaim: ``lifecycle.reclaim`` frees its blocks and batch slot and writes its terminal record.
-    ``m_token`` is KV bytes per token (int >= 1); ``rng`` a seeded ``numpy.random.Generator``.
+    5. reclaim: ``lifecycle.reclaim`` frees its blocks and batch slot and writes its terminal
+    record. ``m_token`` is KV bytes per token (int >= 1); ``rng`` a seeded
+    ``numpy.random.Generator``.
     """
     if not isinstance(state, EngineState):
         raise TypeError("state must be an EngineState")
@@ -385,10 +433,13 @@ def engine_tick(
 
 
 def check_engine_tick() -> str:
-    """[D10] A/B/C waiting, capacity 2, block size 4, 64 B/token: A finishes and its KV is reclaimed."""
+    """[D10] A/B/C waiting, capacity 2, block size 4, 64 B/token: A finishes and its KV is
+    reclaimed."""
     waiting = [Request("A", 0, 1), Request("B", 0, 4), Request("C", 0, 1)]
     state = EngineState(waiting, SlotPool(2), BlockAllocator(num_blocks=8, block_size=4))
-    report = engine_tick(state, m_token=kv_bytes_per_token(2, 2, 4, 2), rng=np.random.default_rng(0))
+    report = engine_tick(
+        state, m_token=kv_bytes_per_token(2, 2, 4, 2), rng=np.random.default_rng(0)
+    )
     _expect(report.admitted == ("A", "B") and report.finished == ("A",),
             f"admitted {report.admitted}, finished {report.finished}")
     _expect(set(report.next_tokens.values()) <= {0, 1}, f"top-k=2 sampled {report.next_tokens}")
@@ -398,9 +449,12 @@ def check_engine_tick() -> str:
     record = state.ledger.records[0]
     _expect(len(state.ledger) == 1 and record.request_id == "A" and record.slots_released == 1,
             "reclaim must write one record for A and release its slot")
-    return (f"engine tick: admitted {','.join(report.admitted)}, sampled {report.next_tokens}, finished "
-            f"{','.join(report.finished)}, KV {report.kv_bytes_before_reclaim} B -> "
-            f"{report.kv_bytes_after_reclaim} B after reclaim")
+    return (
+        f"engine tick: admitted {','.join(report.admitted)}, sampled {report.next_tokens}, "
+        f"finished "
+        f"{','.join(report.finished)}, KV {report.kv_bytes_before_reclaim} B -> "
+        f"{report.kv_bytes_after_reclaim} B after reclaim"
+    )
 
 
 # --- runner ---------------------------------------------------------------------------------------
@@ -436,7 +490,11 @@ def main() -> int:
     for result in results:
         print(result.line())
     failed = [r.check_id for r in results if not r.passed]
-    print("all sanity checks passed" if not failed else f"{count(len(failed), 'check')} failed: {', '.join(failed)}")
+    print(
+        "all sanity checks passed"
+        if not failed
+        else f"{count(len(failed), 'check')} failed: {', '.join(failed)}"
+    )
     return 1 if failed else 0
 
 

@@ -41,7 +41,8 @@ def count(n: int, singular: str, plural: str | None = None) -> str:
 
 
 def listed(items: Sequence[object], empty: str = "none", conjunction: str = "and") -> str:
-    """Items joined as in a sentence: "a", "a and b", "a, b and c"; ``empty`` when there are none."""
+    """Items joined as in a sentence: "a", "a and b", "a, b and c"; ``empty`` when there are
+    none."""
     words = [str(item) for item in items]
     if not words:
         return empty

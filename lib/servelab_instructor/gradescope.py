@@ -1,19 +1,20 @@
 """The Gradescope autograder: build ``autograder.zip``, and grade one submission inside it.
 
-``python -m servelab_instructor.gradescope build --out autograder.zip --seed N [--exercise STEM ...]``
-writes a zip with, at its root (Gradescope's autograder specification):
+``python -m servelab_instructor.gradescope build --out autograder.zip --seed N [--exercise STEM
+...]`` writes a zip with, at its root (Gradescope's autograder specification):
 
 * ``setup.sh`` -- run once as root on Gradescope's Ubuntu image: installs bubblewrap and a Python
-  venv with the course's pinned ``requirements.txt`` and the ``servelab`` package (from ``course/``);
-* ``run_autograder`` -- run per submission: grades the notebooks under ``$AUTOGRADER_ROOT/submission``
-  (default ``/autograder``) on the hidden cases of the seed baked into ``grading.json``, and writes
-  ``$AUTOGRADER_ROOT/results/results.json``;
+  venv with the course's pinned ``requirements.txt`` and the ``servelab`` package (from
+  ``course/``);
+* ``run_autograder`` -- run per submission: grades the notebooks under
+  ``$AUTOGRADER_ROOT/submission`` (default ``/autograder``) on the hidden cases of the seed baked
+  into ``grading.json``, and writes ``$AUTOGRADER_ROOT/results/results.json``;
 * ``course/`` (the package's source), ``instructor/`` (this package, for the reference solutions),
   ``requirements.txt`` and ``grading.json`` (the seed, the exercises, the limits).
 
 Grading (``run --root ROOT``) uses the batch grader's worker and isolation
-(:mod:`servelab_instructor.grader.isolation`): student code never sees ``results/``, the zip's files or the
-seed. ``results.json`` has one test per rule (``name``, ``score``, ``max_score``, ``output``,
+(:mod:`servelab_instructor.grader.isolation`): student code never sees ``results/``, the zip's files
+or the seed. ``results.json`` has one test per rule (``name``, ``score``, ``max_score``, ``output``,
 ``visibility``: ``after_published``, since every case is a hidden one) and a top-level ``score``
 equal to their sum; it is written last, atomically (a temporary file renamed over it). If anything
 under ``results/`` changed while student code ran, every test scores 0 with a note saying so.
@@ -85,7 +86,9 @@ def _add(archive: zipfile.ZipFile, name: str, data: bytes, mode: int = 0o644) ->
     archive.writestr(info, data)
 
 
-def build(out: str | Path, seed: int, exercises: list[str] | None = None, limits: Limits = Limits()) -> Path:
+def build(
+    out: str | Path, seed: int, exercises: list[str] | None = None, limits: Limits = Limits()
+) -> Path:
     """Write the autograder zip to ``out`` for the hidden cases of ``seed``; returns its path.
 
     ``exercises`` (stems) are the notebooks every submission is expected to hold (default: all).
@@ -96,8 +99,14 @@ def build(out: str | Path, seed: int, exercises: list[str] | None = None, limits
     unknown = [s for s in stems if s not in EXERCISES]
     if unknown:
         raise ValueError(f"exercises must be among {sorted(EXERCISES)}, got {unknown}")
-    config = {"seed": seed, "exercises": stems, "case_seconds": limits.case_seconds,
-              "load_seconds": limits.load_seconds, "memory_mib": limits.memory_mib, "output_kib": limits.output_kib}
+    config = {
+        "seed": seed,
+        "exercises": stems,
+        "case_seconds": limits.case_seconds,
+        "load_seconds": limits.load_seconds,
+        "memory_mib": limits.memory_mib,
+        "output_kib": limits.output_kib,
+    }
     out = Path(out)
     with zipfile.ZipFile(out, "w") as archive:
         _add(archive, "setup.sh", SETUP.encode(), 0o755)
@@ -129,11 +138,25 @@ def _notebooks(submission: Path) -> dict[str, tuple[Path, bytes]]:
 
 def results(rows: list[CaseGrade], output: str, elapsed: float) -> dict:
     """Gradescope's results.json: one test per rule, the top-level score their sum."""
-    tests = [{"name": f"{r.exercise}: {r.case}", "score": r.points, "max_score": r.max_points,
-              "status": "passed" if r.points == r.max_points else "failed",
-              "output": r.note or "passed", "visibility": HIDDEN} for r in rows if r.case != "TOTAL"]
-    return {"score": sum(t["score"] for t in tests), "execution_time": round(elapsed, 1), "output": output,
-            "stdout_visibility": "hidden", "tests": tests}
+    tests = [
+        {
+            "name": f"{r.exercise}: {r.case}",
+            "score": r.points,
+            "max_score": r.max_points,
+            "status": "passed" if r.points == r.max_points else "failed",
+            "output": r.note or "passed",
+            "visibility": HIDDEN,
+        }
+        for r in rows
+        if r.case != "TOTAL"
+    ]
+    return {
+        "score": sum(t["score"] for t in tests),
+        "execution_time": round(elapsed, 1),
+        "output": output,
+        "stdout_visibility": "hidden",
+        "tests": tests,
+    }
 
 
 def _write_atomically(path: Path, data: dict) -> None:
@@ -165,11 +188,14 @@ def _missing_rows(stem: str, seed: int) -> list[CaseGrade]:
 
 
 def run(root: str | Path) -> dict:
-    """Grade ``root/submission`` with ``root/source/grading.json``; write and return results.json."""
+    """Grade ``root/submission`` with ``root/source/grading.json``; write and return
+    results.json."""
     started = time.monotonic()
     root = Path(root)
     config = json.loads((root / "source" / _CONFIG).read_text(encoding="utf-8"))
-    limits = Limits(config["case_seconds"], config["memory_mib"], config["output_kib"], config["load_seconds"])
+    limits = Limits(
+        config["case_seconds"], config["memory_mib"], config["output_kib"], config["load_seconds"]
+    )
     results_dir = root / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     isolation = choose()
@@ -182,13 +208,31 @@ def run(root: str | Path) -> dict:
                 rows += _missing_rows(stem, config["seed"])
                 continue
             path, content = notebooks[stem]
-            rows += grade_notebook(path, "submission", config["seed"], limits, stem=stem, isolation=isolation,
-                                   content=content)
+            rows += grade_notebook(
+                path,
+                "submission",
+                config["seed"],
+                limits,
+                stem=stem,
+                isolation=isolation,
+                content=content,
+            )
     notes = [isolation.describe()]
     if _tree(results_dir) != before:
-        note = "refused: the submission wrote into results/ while it was graded; every test scores 0"
-        rows = [CaseGrade(r.student, r.exercise, r.case, 0, r.max_points, "\n".join(filter(None, [note, r.note])))
-                for r in rows]
+        note = (
+            "refused: the submission wrote into results/ while it was graded; every test scores 0"
+        )
+        rows = [
+            CaseGrade(
+                r.student,
+                r.exercise,
+                r.case,
+                0,
+                r.max_points,
+                "\n".join(filter(None, [note, r.note])),
+            )
+            for r in rows
+        ]
         notes.append(note)
     if _tree(root / "submission") != submission_before:
         notes.append("warning: a submission file changed while it was graded")
@@ -202,11 +246,21 @@ def _parser() -> argparse.ArgumentParser:
                                      description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("build", help="write autograder.zip for Gradescope")
-    make.add_argument("--out", default="autograder.zip", help="zip to write (default autograder.zip)")
-    make.add_argument("--seed", type=int, help="secret seed of the hidden cases (default: $SERVELAB_GRADE_SEED)")
-    make.add_argument("--exercise", action="append", choices=sorted(EXERCISES),
-                      help="an exercise each submission holds (repeatable; default: every exercise)")
-    make.add_argument("--case-time", type=float, default=Limits.case_seconds, help="seconds per hidden case")
+    make.add_argument(
+        "--out", default="autograder.zip", help="zip to write (default autograder.zip)"
+    )
+    make.add_argument(
+        "--seed", type=int, help="secret seed of the hidden cases (default: $SERVELAB_GRADE_SEED)"
+    )
+    make.add_argument(
+        "--exercise",
+        action="append",
+        choices=sorted(EXERCISES),
+        help="an exercise each submission holds (repeatable; default: every exercise)",
+    )
+    make.add_argument(
+        "--case-time", type=float, default=Limits.case_seconds, help="seconds per hidden case"
+    )
     grade = commands.add_parser("run", help="grade ROOT/submission into ROOT/results/results.json")
     grade.add_argument("--root", default=os.environ.get("AUTOGRADER_ROOT", "/autograder"))
     return parser
@@ -221,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
             if seed is None:
                 value = os.environ.get("SERVELAB_GRADE_SEED", "").strip()
                 if not value.isdigit():
-                    raise ValueError("give the hidden cases' secret seed with --seed N or $SERVELAB_GRADE_SEED")
+                    raise ValueError(
+                        "give the hidden cases' secret seed with --seed N or $SERVELAB_GRADE_SEED"
+                    )
                 seed = int(value)
             if args.case_time <= 0:
                 raise ValueError(f"--case-time must be > 0, got {args.case_time}")

@@ -1,8 +1,9 @@
 """Write the public cases' expected values, computed by the reference, into the student package.
 
-The exercise notebooks' checkers run their public cases without the reference solutions: the expected
-values come from ``servelab/exercises/public_expected.json`` (:mod:`servelab.exercises.expected`).
-This module regenerates that file from :mod:`servelab_instructor.reference`::
+The exercise notebooks' checkers run their public cases without the reference solutions: the
+expected values come from ``servelab/exercises/public_expected.json``
+(:mod:`servelab.exercises.expected`). This module regenerates that file from
+:mod:`servelab_instructor.reference`::
 
     PYTHONPATH=lib python -m servelab_instructor.public_expected          # rewrite the file
     PYTHONPATH=lib python -m servelab_instructor.public_expected --check  # exit 1 if it has drifted
@@ -39,10 +40,13 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite the committed file (or, with ``--check``, report whether it is current); the exit status."""
+    """Rewrite the committed file (or, with ``--check``, report whether it is current); the exit
+    status."""
     parser = argparse.ArgumentParser(prog="python -m servelab_instructor.public_expected",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="do not write; exit 1 if the file differs")
+    parser.add_argument(
+        "--check", action="store_true", help="do not write; exit 1 if the file differs"
+    )
     args = parser.parse_args(argv)
     text = render()
     current = EXPECTED_FILE.read_text(encoding="utf-8") if EXPECTED_FILE.exists() else None

@@ -1,13 +1,16 @@
 """The exercises' reference solutions: instructor-only, never in the ``servelab`` wheel.
 
 Each one implements an exercise's student interface with the library's own mechanism. The batch
-grader computes its hidden cases' expected values with them (:mod:`servelab.exercises.expected`), and
-:mod:`servelab_instructor.public_expected` writes the public cases' expected values into the student
-package. A student's install does not contain this module; the grader refuses its import in graded code.
+grader computes its hidden cases' expected values with them (:mod:`servelab.exercises.expected`),
+and :mod:`servelab_instructor.public_expected` writes the public cases' expected values into the
+student package. A student's install does not contain this module; the grader refuses its import in
+graded code.
 
 * :class:`ReferenceAllocator` -- the allocator interface on ``servelab.kv.BlockAllocator``.
-* :func:`reference_tick` -- one continuous-batching tick (``servelab.scheduling.batching``'s continuous policy).
-* :func:`reference_accept`, :func:`reference_residual` -- ``servelab.optimizations.speculative``'s accept/correct rule.
+* :func:`reference_tick` -- one continuous-batching tick (``servelab.scheduling.batching``'s
+  continuous policy).
+* :func:`reference_accept`, :func:`reference_residual` -- ``servelab.optimizations.speculative``'s
+  accept/correct rule.
 * :func:`reference_kv_bytes_per_token`, :func:`reference_max_requests` -- ``servelab.kv`` sizing.
 * :func:`reference_admit` -- FCFS admission with KV reservations on ``BlockAllocator.reserve``.
 """
@@ -43,7 +46,8 @@ class ReferenceAllocator:
         return self._pool.num_free_blocks
 
     def allocate(self, seq_id: Hashable, num_tokens: int) -> list[int]:
-        """Give ``seq_id`` a block table with ``num_tokens`` slots; MemoryError when the pool is short."""
+        """Give ``seq_id`` a block table with ``num_tokens`` slots; MemoryError when the pool is
+        short."""
         try:
             self._pool.allocate_prompt(seq_id, [0] * num_tokens)
         except OutOfBlocks as exc:
@@ -73,7 +77,8 @@ class ReferenceAllocator:
 def reference_tick(
     running: dict[str, int], queue: list[tuple[str, int]], capacity: int
 ) -> tuple[dict[str, int], list[tuple[str, int]], list[str]]:
-    """One continuous-batching tick: refill free slots, emit one token each, retire finished requests."""
+    """One continuous-batching tick: refill free slots, emit one token each, retire finished
+    requests."""
     free = max(capacity - len(running), 0)
     admitted, waiting = queue[:free], list(queue[free:])
     owed = {**running, **dict(admitted)}
@@ -83,7 +88,8 @@ def reference_tick(
 
 
 def reference_accept(p: np.ndarray, q: np.ndarray, token: int) -> float:
-    """``min(1, p[token] / q[token])`` (``servelab.optimizations.speculative.acceptance_probability``)."""
+    """``min(1, p[token] / q[token])``
+    (``servelab.optimizations.speculative.acceptance_probability``)."""
     return acceptance_probability(p, q, int(token))
 
 
@@ -98,9 +104,15 @@ def reference_kv_bytes_per_token(n_layer: int, n_head: int, n_kv_head: int, d_he
     return kv_bytes_per_token(n_layer, n_kv_head, d_head, bytes_per_elem)
 
 
-def reference_max_requests(pool_bytes: int, bytes_per_token: int, block_size: int, prompt_tokens: int,
-                           max_output_tokens: int) -> int:
-    """Requests whose full reservation (prompt + output, whole blocks) fits a pool of whole blocks."""
+def reference_max_requests(
+    pool_bytes: int,
+    bytes_per_token: int,
+    block_size: int,
+    prompt_tokens: int,
+    max_output_tokens: int,
+) -> int:
+    """Requests whose full reservation (prompt + output, whole blocks) fits a pool of whole
+    blocks."""
     pool_blocks = pool_bytes // (block_size * bytes_per_token)
     per_request = physical_blocks_no_sharing([prompt_tokens + max_output_tokens], block_size)
     return pool_blocks // per_request

@@ -1,10 +1,11 @@
 """Every exercise's solution under the student's interface, for grading the grader itself.
 
-:data:`SOLUTIONS` maps each exercise stem (``servelab.exercises.catalog.EXERCISES``) to the objects a
-correct submission defines, in the order its checkers take them: the reference solutions of
-:mod:`servelab_instructor.reference` where the checkers have one, the library's own mechanism for the
-others, and three written here in the plain style a student would use (:func:`reference_goodput`,
-on the records a student receives, :func:`reference_schedule`, :func:`reference_paged_attention`). A grader that fails any of them on any seed fails correct work.
+:data:`SOLUTIONS` maps each exercise stem (``servelab.exercises.catalog.EXERCISES``) to the objects
+a correct submission defines, in the order its checkers take them: the reference solutions of
+:mod:`servelab_instructor.reference` where the checkers have one, the library's own mechanism for
+the others, and three written here in the plain style a student would use
+(:func:`reference_goodput`, on the records a student receives, :func:`reference_schedule`,
+:func:`reference_paged_attention`). A grader that fails any of them on any seed fails correct work.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ def reference_schedule(running: list[Seq], waiting: list[Seq], free_blocks: int,
     return plan
 
 
-def reference_goodput(records: list, ttft_slo: float, tpot_slo: float, window: tuple[float, float]) -> float:
-    """Requests per second finishing inside ``window`` that met both SLOs (no TPOT for one token)."""
+def reference_goodput(
+    records: list, ttft_slo: float, tpot_slo: float, window: tuple[float, float]
+) -> float:
+    """Requests per second finishing inside ``window`` that met both SLOs (no TPOT for one
+    token)."""
     start, end = window
     good = [r for r in records if start <= r.finish <= end and r.ttft <= ttft_slo
             and (r.tpot is None or r.tpot <= tpot_slo)]

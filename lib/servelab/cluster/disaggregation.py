@@ -1,4 +1,5 @@
-"""Prefill/decode disaggregation: ship a prompt's KV cache, or stall the decode streams it shares a node with.
+"""Prefill/decode disaggregation: ship a prompt's KV cache, or stall the decode streams it shares a
+node with.
 
 :func:`disaggregation_estimate` weighs moving a prompt's KV cache from a prefill node to a decode
 node (bytes from :func:`servelab.kv.kv_bytes_per_token`) against the decode stall the prefill would
@@ -34,11 +35,11 @@ class DisaggregationEstimate:
     """One prompt under disaggregation versus colocation (bytes, seconds).
 
     ``transfer_s`` is added once to this request's TTFT when prefill and decode run on different
-    nodes. ``stall_s`` is how much longer the iterations of the ``decode_streams`` co-located streams
-    get when the whole prefill shares one of their iterations (mixed-batch time minus decode-only
-    time, both at the stated MFU; :func:`compare_prefill_placements` adds the chunked case). ``net_s`` counts one
-    second of anyone's delay equally: positive means disaggregating this prompt removes more delay
-    than it adds.
+    nodes. ``stall_s`` is how much longer the iterations of the ``decode_streams`` co-located
+    streams get when the whole prefill shares one of their iterations (mixed-batch time minus
+    decode-only time, both at the stated MFU; :func:`compare_prefill_placements` adds the chunked
+    case). ``net_s`` counts one second of anyone's delay equally: positive means disaggregating this
+    prompt removes more delay than it adds.
     """
 
     prompt_tokens: int
@@ -62,11 +63,13 @@ class DisaggregationEstimate:
 
 
 def prefill_chunk_cost(model: ModelShape, offset: int, chunk_tokens: int) -> PhaseCost:
-    """FLOPs and bytes of prefilling prompt tokens ``offset .. offset + chunk_tokens - 1`` in one pass.
+    """FLOPs and bytes of prefilling prompt tokens ``offset .. offset + chunk_tokens - 1`` in one
+    pass.
 
     FLOPs: 2P per token plus attention over the ``offset`` cached tokens and causally within the
-    chunk, 4 x layers x hidden per (query, key) pair. Bytes: the weights, the cached prefix's KV read
-    and the chunk's KV written. ``offset`` 0 with the whole prompt is :func:`servelab.metrics.roofline.prefill_cost`.
+    chunk, 4 x layers x hidden per (query, key) pair. Bytes: the weights, the cached prefix's KV
+    read and the chunk's KV written. ``offset`` 0 with the whole prompt is
+    :func:`servelab.metrics.roofline.prefill_cost`.
     """
     if not isinstance(model, ModelShape):
         raise TypeError(f"model must be a ModelShape, got {type(model).__name__}")
@@ -82,13 +85,21 @@ def _mixed_iteration_s(model: ModelShape, device: Accelerator, mfu: float, decod
     """One iteration carrying ``prefill`` and, if any, the ``decode`` streams: weights read once."""
     if decode is None:
         return device.seconds(prefill.flops, prefill.bytes, mfu)
-    return device.seconds(decode.flops + prefill.flops, decode.bytes + prefill.bytes - model.weight_bytes, mfu)
+    return device.seconds(
+        decode.flops + prefill.flops, decode.bytes + prefill.bytes - model.weight_bytes, mfu
+    )
 
 
-def colocated_stall_s(model: ModelShape, prompt_tokens: int, device: Accelerator, decode_streams: int,
-                      decode_context: int, mfu: float) -> float:
-    """Seconds a prefill of ``prompt_tokens`` adds to the iterations of ``decode_streams`` streams at
-    ``decode_context`` tokens each: time of the mixed batch minus that of decode alone, FLOPs at
+def colocated_stall_s(
+    model: ModelShape,
+    prompt_tokens: int,
+    device: Accelerator,
+    decode_streams: int,
+    decode_context: int,
+    mfu: float,
+) -> float:
+    """Seconds a prefill of ``prompt_tokens`` adds to the iterations of ``decode_streams`` streams
+    at ``decode_context`` tokens each: time of the mixed batch minus that of decode alone, FLOPs at
     ``mfu`` of the device's peak.
 
     The weights are read once for the mixed batch, so a short prompt rides almost free on a
@@ -98,18 +109,28 @@ def colocated_stall_s(model: ModelShape, prompt_tokens: int, device: Accelerator
     if decode_streams == 0:
         return _mixed_iteration_s(model, device, mfu, None, pre)
     dec = decode_cost(model, decode_context, decode_streams)
-    return _mixed_iteration_s(model, device, mfu, dec, pre) - device.seconds(dec.flops, dec.bytes, mfu)
+    return _mixed_iteration_s(model, device, mfu, dec, pre) - device.seconds(
+        dec.flops, dec.bytes, mfu
+    )
 
 
-def disaggregation_estimate(model: ModelShape, prompt_tokens: int, device: Accelerator, link_bandwidth: float,
-                            link_latency_s: float, decode_streams: int, decode_context: int = 1024,
-                            mfu: float = 0.5) -> DisaggregationEstimate:
-    """Weigh shipping a prompt's KV to a decode node against the stall its prefill causes when colocated.
+def disaggregation_estimate(
+    model: ModelShape,
+    prompt_tokens: int,
+    device: Accelerator,
+    link_bandwidth: float,
+    link_latency_s: float,
+    decode_streams: int,
+    decode_context: int = 1024,
+    mfu: float = 0.5,
+) -> DisaggregationEstimate:
+    """Weigh shipping a prompt's KV to a decode node against the stall its prefill causes when
+    colocated.
 
     KV bytes: ``prompt_tokens x`` :func:`servelab.kv.kv_bytes_per_token` of ``model``. Transfer:
     ``link_latency_s + kv_bytes / link_bandwidth`` (bytes/s; no overlap with the prefill assumed).
-    Stall: :func:`colocated_stall_s`, from :func:`servelab.metrics.roofline.prefill_cost` and ``decode_cost``
-    on ``device`` at model-FLOP utilisation ``mfu`` (0 < mfu <= 1).
+    Stall: :func:`colocated_stall_s`, from :func:`servelab.metrics.roofline.prefill_cost` and
+    ``decode_cost`` on ``device`` at model-FLOP utilisation ``mfu`` (0 < mfu <= 1).
     """
     if not isinstance(model, ModelShape):
         raise TypeError(f"model must be a ModelShape, got {type(model).__name__}")
@@ -121,20 +142,30 @@ def disaggregation_estimate(model: ModelShape, prompt_tokens: int, device: Accel
     streams = require_int("decode_streams", decode_streams, 0)
     ctx = require_int("decode_context", decode_context, 1)
     u = require_mfu(mfu)
-    kv = p * kv_bytes_per_token(model.n_layers, model.n_kv_heads, model.head_dim, model.bytes_per_elem)
+    kv = p * kv_bytes_per_token(
+        model.n_layers, model.n_kv_heads, model.head_dim, model.bytes_per_elem
+    )
     stall = colocated_stall_s(model, p, device, streams, ctx, u)
     return DisaggregationEstimate(p, kv, lat + kv / bw, stall, streams)
 
 
-def disaggregation_break_even_bandwidth(model: ModelShape, prompt_tokens: int, device: Accelerator,
-                                        link_latency_s: float, decode_streams: int, decode_context: int = 1024,
-                                        mfu: float = 0.5) -> float:
-    """Link bandwidth (bytes/s) above which disaggregating the prompt removes more delay than it adds.
+def disaggregation_break_even_bandwidth(
+    model: ModelShape,
+    prompt_tokens: int,
+    device: Accelerator,
+    link_latency_s: float,
+    decode_streams: int,
+    decode_context: int = 1024,
+    mfu: float = 0.5,
+) -> float:
+    """Link bandwidth (bytes/s) above which disaggregating the prompt removes more delay than it
+    adds.
 
     ``inf`` when the saved stall does not even cover the link latency (no bandwidth is enough).
     """
-    probe = disaggregation_estimate(model, prompt_tokens, device, 1.0, link_latency_s, decode_streams,
-                                    decode_context, mfu)
+    probe = disaggregation_estimate(
+        model, prompt_tokens, device, 1.0, link_latency_s, decode_streams, decode_context, mfu
+    )
     margin = probe.saved_s - link_latency_s
     return probe.kv_bytes / margin if margin > 0 else math.inf
 
@@ -159,17 +190,32 @@ class PrefillPlacement:
 PLACEMENTS = ("co-located", "co-located, chunked", "disaggregated")
 
 
-def _chunked_iterations(model: ModelShape, prompt_tokens: int, chunk_tokens: int, device: Accelerator,
-                        mfu: float, decode: PhaseCost) -> list[float]:
+def _chunked_iterations(
+    model: ModelShape,
+    prompt_tokens: int,
+    chunk_tokens: int,
+    device: Accelerator,
+    mfu: float,
+    decode: PhaseCost,
+) -> list[float]:
     """Seconds of each iteration that carries one prefill chunk next to the decode batch."""
     return [_mixed_iteration_s(model, device, mfu, decode,
                                prefill_chunk_cost(model, o, min(chunk_tokens, prompt_tokens - o)))
             for o in range(0, prompt_tokens, chunk_tokens)]
 
 
-def compare_prefill_placements(model: ModelShape, prompt_tokens: int, device: Accelerator, *, decode_streams: int,
-                               decode_context: int, mfu: float, chunk_tokens: int, link_bandwidth: float,
-                               link_latency_s: float) -> tuple[PrefillPlacement, ...]:
+def compare_prefill_placements(
+    model: ModelShape,
+    prompt_tokens: int,
+    device: Accelerator,
+    *,
+    decode_streams: int,
+    decode_context: int,
+    mfu: float,
+    chunk_tokens: int,
+    link_bandwidth: float,
+    link_latency_s: float,
+) -> tuple[PrefillPlacement, ...]:
     """One prompt's prefill three ways, on ``device`` at model-FLOP utilisation ``mfu``:
 
     * co-located: the whole prompt joins one iteration of the ``decode_streams`` streams;
@@ -178,11 +224,13 @@ def compare_prefill_placements(model: ModelShape, prompt_tokens: int, device: Ac
     * disaggregated: a prefill node runs it alone, then its KV crosses the link (latency + bytes /
       ``link_bandwidth``) before decoding; the decode node's iterations stay decode-only.
 
-    Decode streams hold ``decode_context`` cached tokens each (their growth during the prefill is ignored).
+    Decode streams hold ``decode_context`` cached tokens each (their growth during the prefill is
+    ignored).
     """
     streams = require_int("decode_streams", decode_streams, 1)
-    est = disaggregation_estimate(model, prompt_tokens, device, link_bandwidth, link_latency_s, streams,
-                                  decode_context, mfu)
+    est = disaggregation_estimate(
+        model, prompt_tokens, device, link_bandwidth, link_latency_s, streams, decode_context, mfu
+    )
     c = require_int("chunk_tokens", chunk_tokens, 1)
     dec = decode_cost(model, decode_context, streams)
     alone = device.seconds(dec.flops, dec.bytes, mfu)

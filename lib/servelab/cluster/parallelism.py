@@ -43,7 +43,8 @@ __all__ = [
 
 
 def ring_allreduce_bytes(message_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends (and receives) in a ring all-reduce of ``message_bytes``: ``2(t-1)/t * M``.
+    """Bytes each rank sends (and receives) in a ring all-reduce of ``message_bytes``: ``2(t-1)/t *
+    M``.
 
     The ring runs a reduce-scatter then an all-gather, each ``t - 1`` steps of ``M / t`` bytes. With
     ``world_size`` 1 nothing moves.
@@ -54,7 +55,8 @@ def ring_allreduce_bytes(message_bytes: float, world_size: int) -> float:
 
 
 def tp_allreduce_message_bytes(hidden_size: int, bytes_per_elem: int, tokens: int = 1) -> int:
-    """All-reduce payload of one transformer layer under TP, in bytes: ``2 * tokens * hidden * bytes``.
+    """All-reduce payload of one transformer layer under TP, in bytes: ``2 * tokens * hidden *
+    bytes``.
 
     Two all-reduces per layer (after the row-parallel attention output projection and after the
     row-parallel MLP down projection), each of the ``tokens x hidden_size`` activations.
@@ -69,8 +71,9 @@ def tp_allreduce_message_bytes(hidden_size: int, bytes_per_elem: int, tokens: in
 class TPStep:
     """One decode step of a batch under TP degree ``tp`` (seconds).
 
-    ``compute_s`` is one rank's time for its ``1/tp`` share of weights, KV and FLOPs (at the MFU asked for);
-    ``comm_s`` the all-reduce time over all layers; ``sent_bytes`` what each rank sends per step.
+    ``compute_s`` is one rank's time for its ``1/tp`` share of weights, KV and FLOPs (at the MFU
+    asked for); ``comm_s`` the all-reduce time over all layers; ``sent_bytes`` what each rank sends
+    per step.
     """
 
     tp: int
@@ -113,11 +116,11 @@ def tp_decode_step(model: ModelShape, tp: int, device: Accelerator, link_bandwid
                    allreduce: str = "ring") -> TPStep:
     """Time one decode step of ``batch`` sequences at ``context_len`` tokens on ``tp`` ranks.
 
-    Compute: :func:`servelab.metrics.roofline.decode_cost` split evenly over the ranks, timed on ``device``
-    at model-FLOP utilisation ``mfu`` (1 = the roofline bound).
+    Compute: :func:`servelab.metrics.roofline.decode_cost` split evenly over the ranks, timed on
+    ``device`` at model-FLOP utilisation ``mfu`` (1 = the roofline bound).
     Communication: per layer two all-reduces of ``batch x hidden`` activations, timed by
-    :func:`allreduce_seconds` with ``allreduce`` (``"ring"``: each of the ``2(t-1)`` ring steps costs
-    ``link_latency_s`` plus its bytes over ``link_bandwidth``, bytes/s per rank).
+    :func:`allreduce_seconds` with ``allreduce`` (``"ring"``: each of the ``2(t-1)`` ring steps
+    costs ``link_latency_s`` plus its bytes over ``link_bandwidth``, bytes/s per rank).
     """
     if not isinstance(model, ModelShape):
         raise TypeError(f"model must be a ModelShape, got {type(model).__name__}")
@@ -128,7 +131,8 @@ def tp_decode_step(model: ModelShape, tp: int, device: Accelerator, link_bandwid
     lat = require_real("link_latency_s", link_latency_s, 0)
     cost = decode_cost(model, context_len, batch)
     compute = device.seconds(cost.flops / t, cost.bytes / t, mfu)
-    per_allreduce = batch * model.hidden_size * model.bytes_per_elem  # one of the layer's two all-reduces
+    # one of the layer's two all-reduces
+    per_allreduce = batch * model.hidden_size * model.bytes_per_elem
     sent_per_allreduce = (ring_allreduce_bytes(per_allreduce, t) if allreduce == "ring"
                           else (t - 1) * per_allreduce)
     n_allreduce = 2 * model.n_layers
@@ -142,7 +146,8 @@ def tp_decode_step(model: ModelShape, tp: int, device: Accelerator, link_bandwid
 
 
 def pp_bubble_fraction(stages: int, microbatches: int) -> float:
-    """Idle share of a pipeline flush: ``(p - 1) / (m + p - 1)`` for ``p`` stages, ``m`` micro-batches.
+    """Idle share of a pipeline flush: ``(p - 1) / (m + p - 1)`` for ``p`` stages, ``m``
+    micro-batches.
 
     Each stage is busy ``m`` of the ``m + p - 1`` slots it takes the last micro-batch to leave the
     last stage (equal stage times, forward pass only).
@@ -153,7 +158,8 @@ def pp_bubble_fraction(stages: int, microbatches: int) -> float:
 
 
 def pipeline_schedule(stages: int, microbatches: int) -> list[list[int | None]]:
-    """Forward-only pipeline schedule: ``grid[stage][slot]`` is the micro-batch that stage runs, or None.
+    """Forward-only pipeline schedule: ``grid[stage][slot]`` is the micro-batch that stage runs, or
+    None.
 
     Micro-batch ``j`` is on stage ``s`` in slot ``s + j``; there are ``m + p - 1`` slots.
     """
@@ -170,7 +176,8 @@ def pipeline_schedule(stages: int, microbatches: int) -> list[list[int | None]]:
 
 @dataclass(frozen=True)
 class EPTraffic:
-    """All-to-all bytes of one MoE layer, summed over ranks: dispatch (tokens out) and combine (back)."""
+    """All-to-all bytes of one MoE layer, summed over ranks: dispatch (tokens out) and combine
+    (back)."""
 
     dispatch_bytes: float
     combine_bytes: float
@@ -180,12 +187,15 @@ class EPTraffic:
         return self.dispatch_bytes + self.combine_bytes
 
 
-def ep_all_to_all_bytes(tokens: int, hidden_size: int, bytes_per_elem: int, top_k: int, ep: int) -> EPTraffic:
-    """Expected all-to-all traffic of one MoE layer for ``tokens`` tokens routed top-``k`` over ``ep`` ranks.
+def ep_all_to_all_bytes(
+    tokens: int, hidden_size: int, bytes_per_elem: int, top_k: int, ep: int
+) -> EPTraffic:
+    """Expected all-to-all traffic of one MoE layer for ``tokens`` tokens routed top-``k`` over
+    ``ep`` ranks.
 
-    Each token's hidden vector goes to each of its ``k`` experts and the expert outputs come back. With
-    experts spread evenly and routing uniform, a destination is on another rank with probability
-    ``(ep - 1) / ep``; only those copies cross the network.
+    Each token's hidden vector goes to each of its ``k`` experts and the expert outputs come back.
+    With experts spread evenly and routing uniform, a destination is on another rank with
+    probability ``(ep - 1) / ep``; only those copies cross the network.
     """
     n = require_int("tokens", tokens, 1)
     h = require_int("hidden_size", hidden_size, 1)

@@ -1,19 +1,20 @@
-"""In front of the engines: which replica gets a request, and how many requests a tenant may have in flight.
+"""In front of the engines: which replica gets a request, and how many requests a tenant may have in
+flight.
 
 Two small pieces a gateway owns:
 
-* :func:`route_requests` -- a discrete-event simulation of several replicas, each with its own prefix
-  cache, under four routing policies. It exists to show that the replica with the best prefix-cache hit
-  is not always the one that finishes a request first: a hot prefix pulled onto one replica builds a
-  queue there that the saved prefill cannot pay for.
-* :class:`TenantQuota` -- the per-tenant in-flight limit, the fourth of the admission limits (next to
-  batch slots, the token budget and KV blocks, which the engine's scheduler enforces itself).
+* :func:`route_requests` -- a discrete-event simulation of several replicas, each with its own
+  prefix cache, under four routing policies. It exists to show that the replica with the best
+  prefix-cache hit is not always the one that finishes a request first: a hot prefix pulled onto one
+  replica builds a queue there that the saved prefill cannot pay for.
+* :class:`TenantQuota` -- the per-tenant in-flight limit, the fourth of the admission limits (next
+  to batch slots, the token budget and KV blocks, which the engine's scheduler enforces itself).
 
-System boundary (routing): a replica serves one request at a time, first come first served; a request
-costs ``prefill_ms_per_token`` for every prompt token not covered by a cache hit plus
-``decode_ms_per_token`` for every output token. A replica's cache holds the ``cache_slots`` most recently
-routed prefixes (LRU) and is updated when the request is routed, so the router's view of the cache is
-exact. Nothing here runs a model; times are milliseconds of simulated time.
+System boundary (routing): a replica serves one request at a time, first come first served; a
+request costs ``prefill_ms_per_token`` for every prompt token not covered by a cache hit plus
+``decode_ms_per_token`` for every output token. A replica's cache holds the ``cache_slots`` most
+recently routed prefixes (LRU) and is updated when the request is routed, so the router's view of
+the cache is exact. Nothing here runs a model; times are milliseconds of simulated time.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def _check_number(name: str, value: object, minimum: float = 0.0) -> float:
 class PrefixRequest:
     """A request whose prompt is a shared prefix (``prefix`` names it) followed by private tokens.
 
-    ``arrival`` is in milliseconds; token counts are the prefix length, the private suffix length and
-    the number of output tokens.
+    ``arrival`` is in milliseconds; token counts are the prefix length, the private suffix length
+    and the number of output tokens.
     """
 
     name: str
@@ -90,7 +91,9 @@ class ReplicaModel:
     def service_ms(self, request: PrefixRequest, hit: bool) -> float:
         """Time one replica spends on ``request``; a hit skips the prefix's prefill."""
         prefill = request.suffix_tokens + (0 if hit else request.prefix_tokens)
-        return prefill * self.prefill_ms_per_token + request.output_tokens * self.decode_ms_per_token
+        return (
+            prefill * self.prefill_ms_per_token + request.output_tokens * self.decode_ms_per_token
+        )
 
 
 @dataclass(frozen=True)
@@ -189,9 +192,9 @@ def route_requests(requests: Sequence[PrefixRequest], num_replicas: int, policy:
     """Route ``requests`` (in arrival order) to ``num_replicas`` replicas under ``policy``.
 
     Policies: ``"round-robin"`` (ignore everything), ``"least-loaded"`` (the replica free soonest),
-    ``"max-hit"`` (a replica whose cache holds the prefix, else the least loaded: maximises hit rate),
-    ``"min-completion"`` (the replica where this request would finish first, counting both its queue and
-    the prefill a hit saves).
+    ``"max-hit"`` (a replica whose cache holds the prefix, else the least loaded: maximises hit
+    rate), ``"min-completion"`` (the replica where this request would finish first, counting both
+    its queue and the prefill a hit saves).
     """
     if not isinstance(requests, (list, tuple)) or not requests:
         raise ValueError("requests must be a non-empty list or tuple of PrefixRequest")
@@ -213,16 +216,26 @@ def route_requests(requests: Sequence[PrefixRequest], num_replicas: int, policy:
         start = max(replica.free_at, request.arrival)
         replica.free_at = start + model.service_ms(request, hit)
         replica.remember(request.prefix)
-        routed.append(RoutedRequest(request.name, chosen, hit, request.arrival, start, replica.free_at))
+        routed.append(
+            RoutedRequest(request.name, chosen, hit, request.arrival, start, replica.free_at)
+        )
     return RoutingResult(policy, num_replicas, tuple(routed))
 
 
-def prefix_workload(num_requests: int, *, mean_gap_ms: float, hot_share: float, num_cold_prefixes: int,
-                    prefix_tokens: int, suffix_tokens: int, output_tokens: int,
-                    seed: int = 0) -> list[PrefixRequest]:
-    """A skewed multi-tenant workload: a share ``hot_share`` of requests reuse one hot prefix, the rest
-    spread uniformly over ``num_cold_prefixes`` others. Arrivals are Poisson (exponential gaps with mean
-    ``mean_gap_ms``), drawn from ``random.Random(seed)``."""
+def prefix_workload(
+    num_requests: int,
+    *,
+    mean_gap_ms: float,
+    hot_share: float,
+    num_cold_prefixes: int,
+    prefix_tokens: int,
+    suffix_tokens: int,
+    output_tokens: int,
+    seed: int = 0,
+) -> list[PrefixRequest]:
+    """A skewed multi-tenant workload: a share ``hot_share`` of requests reuse one hot prefix, the
+    rest spread uniformly over ``num_cold_prefixes`` others. Arrivals are Poisson (exponential gaps
+    with mean ``mean_gap_ms``), drawn from ``random.Random(seed)``."""
     require_int("num_requests", num_requests, 1)
     _check_number("mean_gap_ms", mean_gap_ms)
     if not 0 <= _check_number("hot_share", hot_share) <= 1:
@@ -239,10 +252,11 @@ def prefix_workload(num_requests: int, *, mean_gap_ms: float, hot_share: float, 
 
 
 class TenantQuota:
-    """At most ``limit`` requests in flight per tenant; a gateway checks it before the engine sees a request.
+    """At most ``limit`` requests in flight per tenant; a gateway checks it before the engine sees a
+    request.
 
-    One :class:`~servelab.lifecycle.state_machine.SlotPool` per tenant, so a request's unit is returned exactly once
-    however it ends (``release`` is idempotent).
+    One :class:`~servelab.lifecycle.state_machine.SlotPool` per tenant, so a request's unit is
+    returned exactly once however it ends (``release`` is idempotent).
     """
 
     def __init__(self, limit: int) -> None:
@@ -251,7 +265,8 @@ class TenantQuota:
         self._tenant_of: dict[Hashable, Hashable] = {}
 
     def try_acquire(self, tenant: Hashable, request_id: Hashable) -> bool:
-        """Take one of ``tenant``'s units for ``request_id``; False (no change) when the tenant is at its limit."""
+        """Take one of ``tenant``'s units for ``request_id``; False (no change) when the tenant is
+        at its limit."""
         if request_id in self._tenant_of:
             raise ValueError(f"request_id {request_id!r} already holds a quota unit")
         pool = self._pools.setdefault(tenant, SlotPool(self.limit))
@@ -261,7 +276,8 @@ class TenantQuota:
         return True
 
     def release(self, request_id: Hashable) -> bool:
-        """Give back ``request_id``'s unit; False when it held none (already released or never admitted)."""
+        """Give back ``request_id``'s unit; False when it held none (already released or never
+        admitted)."""
         tenant = self._tenant_of.pop(request_id, None)
         return tenant is not None and self._pools[tenant].release(request_id) == 1
 

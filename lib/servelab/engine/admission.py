@@ -25,12 +25,13 @@ __all__ = ["ReservationPolicy", "UpFrontReservation", "PerStepAllocation", "RESE
 
 @dataclass(frozen=True)
 class ReservationPolicy:
-    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is promised. This
-    class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only; the output grows block
-    by block and a decode that finds the pool empty preempts (``"up-front"``: :class:`UpFrontReservation`).
-    Two phases: :meth:`admit` reserves the whole promise, ``allocate_prompt`` takes the prompt blocks out of
-    it, :meth:`keep_output_promise` leaves the output's promise reserved. Units: blocks of ``block_size``
-    token slots; ``max_model_len`` in tokens (None: no cap)."""
+    """The admission rule (``EngineConfig.reservation_policy``): the KV blocks a request is
+    promised. This class is the default, ``"on-demand"`` (as vLLM): the uncached prompt blocks only;
+    the output grows block by block and a decode that finds the pool empty preempts (``"up-front"``:
+    :class:`UpFrontReservation`). Two phases: :meth:`admit` reserves the whole promise,
+    ``allocate_prompt`` takes the prompt blocks out of it, :meth:`keep_output_promise` leaves the
+    output's promise reserved. Units: blocks of ``block_size`` token slots; ``max_model_len`` in
+    tokens (None: no cap)."""
 
     block_size: int
     max_model_len: int | None = None
@@ -42,7 +43,8 @@ class ReservationPolicy:
         return 0
 
     def worst_case_blocks(self, prompt_tokens: int, max_tokens: int, samples: int) -> int:
-        """Most blocks one request may hold or be promised at once (more than the pool: it never runs)."""
+        """Most blocks one request may hold or be promised at once (more than the pool: it never
+        runs)."""
         return blocks_for(self._capped(prompt_tokens + max_tokens), self.block_size)
 
     def slots_at_admission(self, num_tokens: int, scheduled_end: int) -> int:
@@ -50,40 +52,52 @@ class ReservationPolicy:
         first chunk ending at token ``scheduled_end``: all of them (prompt, or a recompute) here."""
         return num_tokens
 
-    def admit(self, allocator: BlockAllocator, seq: EngineSequence, upto: int | None = None) -> bool:
+    def admit(
+        self, allocator: BlockAllocator, seq: EngineSequence, upto: int | None = None
+    ) -> bool:
         """Phase 1: reserve the blocks of the uncached tokens among the first ``upto`` (None: all of
         them) plus the output promise; False (nothing reserved) when the unreserved headroom is too
         small."""
         need = allocator.num_blocks_to_allocate(seq.token_ids[:upto], seq.namespace)
-        return allocator.reserve(seq.seq_id, need + self.output_blocks(seq.num_tokens, seq.remaining_tokens,
-                                                                       seq.batch_slots))
+        return allocator.reserve(
+            seq.seq_id,
+            need + self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots),
+        )
 
     def keep_output_promise(self, allocator: BlockAllocator, seq: EngineSequence) -> None:
-        """Phase 2, once the prompt blocks are allocated: keep reserved exactly the output's promise."""
+        """Phase 2, once the prompt blocks are allocated: keep reserved exactly the output's
+        promise."""
         allocator.release_reservation(seq.seq_id)
-        allocator.reserve(seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots))
+        allocator.reserve(
+            seq.seq_id, self.output_blocks(seq.num_tokens, seq.remaining_tokens, seq.batch_slots)
+        )
 
     def _capped(self, tokens: int) -> int:
         return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
 
 
 class UpFrontReservation(ReservationPolicy):
-    """``"up-front"`` (as TGI): admission also reserves the blocks of ``max_tokens`` more tokens per sample
-    (capped at ``max_model_len``), plus a copy-on-write block each when ``n > 1`` samples share a partly
-    filled prompt tail, so a running request never meets an empty pool."""
+    """``"up-front"`` (as TGI): admission also reserves the blocks of ``max_tokens`` more tokens per
+    sample (capped at ``max_model_len``), plus a copy-on-write block each when ``n > 1`` samples
+    share a partly filled prompt tail, so a running request never meets an empty pool."""
 
     name = "up-front"
     preempts = False
 
     def output_blocks(self, num_tokens: int, remaining_tokens: int, samples: int) -> int:
-        """Blocks promised for ``remaining_tokens`` more tokens per sample beyond the ``num_tokens`` there."""
+        """Blocks promised for ``remaining_tokens`` more tokens per sample beyond the ``num_tokens``
+        there."""
         final = self._capped(num_tokens + remaining_tokens)
         cow = 1 if samples > 1 and num_tokens % self.block_size else 0
-        return samples * (blocks_for(final, self.block_size) - blocks_for(num_tokens, self.block_size) + cow)
+        return samples * (
+            blocks_for(final, self.block_size) - blocks_for(num_tokens, self.block_size) + cow
+        )
 
     def worst_case_blocks(self, prompt_tokens: int, max_tokens: int, samples: int) -> int:
         """The prompt's blocks plus the whole output promise, held at once from admission."""
-        return blocks_for(prompt_tokens, self.block_size) + self.output_blocks(prompt_tokens, max_tokens, samples)
+        return blocks_for(prompt_tokens, self.block_size) + self.output_blocks(
+            prompt_tokens, max_tokens, samples
+        )
 
 
 class PerStepAllocation(ReservationPolicy):
@@ -109,7 +123,9 @@ RESERVATIONS: dict[str, type[ReservationPolicy]] = {
 assert tuple(RESERVATIONS) == RESERVATION_POLICIES
 
 
-def reservation_policy(name: str, block_size: int, max_model_len: int | None = None) -> ReservationPolicy:
+def reservation_policy(
+    name: str, block_size: int, max_model_len: int | None = None
+) -> ReservationPolicy:
     """The rule called ``name`` (one of :data:`~servelab.engine.config.RESERVATION_POLICIES`, as
     ``EngineConfig`` checked it) for a pool of ``block_size``-token blocks and a context limit of
     ``max_model_len`` tokens (None: no cap)."""

@@ -70,8 +70,8 @@ one call."""
 def tiled_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                tile_rows: int = TILE_ROWS) -> torch.Tensor:
     """``fn`` applied to ``x`` (``[*lead, features]``) as tiles of exactly ``tile_rows`` rows of
-    ``features``, the last one padded with zero rows; returns ``[*lead, out_features]`` (also for
-    no rows). ``fn`` must act on each row independently (a linear layer, a norm over the last dim)."""
+    ``features``, the last one padded with zero rows; returns ``[*lead, out_features]`` (also for no
+    rows). ``fn`` must act on each row independently (a linear layer, a norm over the last dim)."""
     if tile_rows < 1:
         raise ValueError(f"tile_rows must be a positive integer, got {tile_rows!r}")
     rows = x.reshape(-1, x.shape[-1])

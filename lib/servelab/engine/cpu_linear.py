@@ -39,7 +39,9 @@ import torch.nn.functional as F
 
 __all__ = ["PackedLinear", "pack_linears"]
 
-_PACKED: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
+_PACKED: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple[tuple, torch.Tensor]]" = (
+    weakref.WeakKeyDictionary()
+)
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -57,16 +59,17 @@ class PackedLinear(torch.nn.Linear):
         if (entry is None or rows == 0 or entry[0] != _key(self.weight)
                 or (torch.is_grad_enabled() and self.weight.requires_grad)):
             return F.linear(x, self.weight, self.bias)
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, self.in_features), entry[1], self.bias,
-                                                 "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(rows, self.in_features), entry[1], self.bias, "none", [], ""
+        )
         return out.view(*x.shape[:-1], self.out_features)
 
 
 def pack_linears(model: torch.nn.Module, rows_hint: int = 32) -> int:
-    """Give every CPU float32 / bfloat16 ``nn.Linear`` of ``model`` a weight packed for oneDNN (laid out for
-    about ``rows_hint`` rows; any row count works) and make it a :class:`PackedLinear`. Packing again
-    replaces the copies (after a dtype change, say). Returns how many layers were packed (0 where torch has
-    no oneDNN)."""
+    """Give every CPU float32 / bfloat16 ``nn.Linear`` of ``model`` a weight packed for oneDNN (laid
+    out for about ``rows_hint`` rows; any row count works) and make it a :class:`PackedLinear`.
+    Packing again replaces the copies (after a dtype change, say). Returns how many layers were
+    packed (0 where torch has no oneDNN)."""
     if not torch.backends.mkldnn.is_available():
         return 0
     packed = 0

@@ -1,4 +1,5 @@
-"""The paged KV pool: one preallocated K and one V tensor of physical blocks, shared by all sequences.
+"""The paged KV pool: one preallocated K and one V tensor of physical blocks, shared by all
+sequences.
 
 A module of its own, below the model runner that attends through it
 (:mod:`servelab.engine.model_runner`) and the host swap space that copies blocks out of it
@@ -16,7 +17,8 @@ __all__ = ["KVCache"]
 
 
 class KVCache:
-    """The physical block pool: K and V tensors of shape ``[layers, kv_heads, num_blocks, block_size, d]``."""
+    """The physical block pool: K and V tensors of shape ``[layers, kv_heads, num_blocks,
+    block_size, d]``."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -27,14 +29,17 @@ class KVCache:
         self.v = _zeros(shape, dtype, device)
         self.block_size = block_size
         self.num_blocks = num_blocks
-        # per-layer views, made once: indexing ``k[layer]`` in every layer of every step costs a tensor op
+        # per-layer views, made once: indexing ``k[layer]`` in every layer of every step costs a
+        # tensor op
         self.layer_k = list(self.k.unbind(0))  # [kv_heads, num_blocks, block_size, d] each
         self.layer_v = list(self.v.unbind(0))
-        self.layer_k_slots = [k.view(num_kv_heads, -1, head_dim) for k in self.layer_k]  # [kv_heads, slots, d]
+        # [kv_heads, slots, d]
+        self.layer_k_slots = [k.view(num_kv_heads, -1, head_dim) for k in self.layer_k]
         self.layer_v_slots = [v.view(num_kv_heads, -1, head_dim) for v in self.layer_v]
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write: copy physical block ``src`` into ``dst`` in every layer, for each ``(src, dst)``."""
+        """Copy-on-write: copy physical block ``src`` into ``dst`` in every layer, for each ``(src,
+        dst)``."""
         if not pairs:
             return
         src = torch.tensor([s for s, _ in pairs], device=self.k.device)

@@ -1,11 +1,13 @@
 """Logits processors: the sampler's stages 1 and 2, for the rows whose request asks for them.
 
-Stage 1, hard constraints and bias: ``allowed_token_ids``, ``banned_sequences``, ``no_repeat_ngram_size``,
-``logit_bias``. Stage 2, penalties: frequency and presence on the generated ids, repetition on prompt +
-output. Same semantics as :mod:`servelab.sampling.reference`. A batch in which no request sets any of
-them (the default :class:`~servelab.sampling.params.SamplingParams`) never calls :func:`process_logits`.
+Stage 1, hard constraints and bias: ``allowed_token_ids``, ``banned_sequences``,
+``no_repeat_ngram_size``, ``logit_bias``. Stage 2, penalties: frequency and presence on the
+generated ids, repetition on prompt + output. Same semantics as :mod:`servelab.sampling.reference`.
+A batch in which no request sets any of them (the default
+:class:`~servelab.sampling.params.SamplingParams`) never calls :func:`process_logits`.
 
-System boundary: float64 logits ``[rows, vocab]`` changed in place (any device); which rows are dead.
+System boundary: float64 logits ``[rows, vocab]`` changed in place (any device); which rows are
+dead.
 """
 
 from __future__ import annotations
@@ -25,13 +27,20 @@ __all__ = ["uses_processors", "process_logits"]
 
 def uses_processors(params: SamplingParams) -> bool:
     """Whether a stage-1 or stage-2 processor changes this request's logits."""
-    return (params.allowed_token_ids is not None or bool(params.banned_sequences) or bool(params.logit_bias)
-            or bool(params.no_repeat_ngram_size) or bool(params.frequency_penalty) or bool(params.presence_penalty)
-            or params.repetition_penalty != 1.0)
+    return (
+        params.allowed_token_ids is not None
+        or bool(params.banned_sequences)
+        or bool(params.logit_bias)
+        or bool(params.no_repeat_ngram_size)
+        or bool(params.frequency_penalty)
+        or bool(params.presence_penalty)
+        or params.repetition_penalty != 1.0
+    )
 
 
 def process_logits(z: torch.Tensor, rows: Sequence["SamplingRow"]) -> set[int]:
-    """Stages 1 then 2 on ``z`` in place; returns the rows left with no finite logit (reset to 0)."""
+    """Stages 1 then 2 on ``z`` in place; returns the rows left with no finite logit (reset to
+    0)."""
     dead = _apply_hard_constraints(z, rows)
     _apply_penalties(z, rows)
     return dead
@@ -74,17 +83,22 @@ def _banned_next_tokens(params: SamplingParams, history: list[int]) -> list[int]
 
 
 def _apply_penalties(z: torch.Tensor, rows: Sequence["SamplingRow"]) -> None:
-    """Frequency and presence penalties on the generated ids, the repetition penalty on prompt + output."""
+    """Frequency and presence penalties on the generated ids, the repetition penalty on prompt +
+    output."""
     for i, row in enumerate(rows):
         p = row.params
         if p.frequency_penalty or p.presence_penalty:
             counts = torch.zeros(z.shape[-1], dtype=torch.float64, device=z.device)
             if row.output_ids:
                 ids = torch.tensor(list(row.output_ids), device=z.device)
-                counts.index_add_(0, ids, torch.ones(len(ids), dtype=torch.float64, device=z.device))
+                counts.index_add_(
+                    0, ids, torch.ones(len(ids), dtype=torch.float64, device=z.device)
+                )
             z[i] = z[i] - p.frequency_penalty * counts - p.presence_penalty * (counts > 0)
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted({*row.prompt_ids, *row.output_ids}), dtype=torch.long, device=z.device)
+            seen = torch.tensor(
+                sorted({*row.prompt_ids, *row.output_ids}), dtype=torch.long, device=z.device
+            )
             if seen.numel():
                 picked = z[i, seen]
                 z[i, seen] = torch.where(picked > 0, picked / p.repetition_penalty,

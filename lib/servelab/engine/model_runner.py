@@ -1,18 +1,19 @@
-"""The forward pass: the paged KV pool, the paged attention backend, the flat batch and the model runner.
+"""The forward pass: the paged KV pool, the paged attention backend, the flat batch and the model
+runner.
 
 The KV cache is one preallocated pool of physical blocks per layer, ``[n_kv_heads, num_blocks,
 block_size, head_dim]`` for K and for V. A sequence's *block table* maps its logical block ``i``
 (positions ``i*block_size ..``) to a physical block, so position ``p`` has the flat *slot*
-``block_table[p // block_size] * block_size + p % block_size``. One forward pass takes a flat list of
-tokens from many sequences (prefill chunks and decode tokens mixed, :class:`ForwardInput`); in every layer
-:class:`PagedAttention` writes their K/V into their slots, reads each sequence's history back through its
-block table and attends causally. Only the positions whose next token is sampled go through the LM head.
-With ``EngineConfig(batch_invariant=True)`` every new token attends alone and the forward pass runs
-in :class:`~servelab.engine.batch_invariant.BatchInvariantMode`, so a request's logits do not depend
-on the rest of the batch.
+``block_table[p // block_size] * block_size + p % block_size``. One forward pass takes a flat list
+of tokens from many sequences (prefill chunks and decode tokens mixed, :class:`ForwardInput`); in
+every layer :class:`PagedAttention` writes their K/V into their slots, reads each sequence's history
+back through its block table and attends causally. Only the positions whose next token is sampled go
+through the LM head. With ``EngineConfig(batch_invariant=True)`` every new token attends alone and
+the forward pass runs in :class:`~servelab.engine.batch_invariant.BatchInvariantMode`, so a
+request's logits do not depend on the rest of the batch.
 
-System boundary: token ids and block tables in, float32 logits ``[sampled_rows, vocab]`` out (any device);
-which blocks a sequence owns is the allocator's decision.
+System boundary: token ids and block tables in, float32 logits ``[sampled_rows, vocab]`` out (any
+device); which blocks a sequence owns is the allocator's decision.
 """
 
 from __future__ import annotations
@@ -49,16 +50,18 @@ class PrefillGroup:
     num_tokens: int
     block_table: torch.Tensor  # [num_blocks_of_seq] long
     num_keys: int  # positions 0 .. num_keys-1 of the sequence are attended to
-    mask: torch.Tensor | None  # [num_tokens, num_keys] additive (0 = may attend, -inf = not); None = causal
+    # [num_tokens, num_keys] additive (0 = may attend, -inf = not); None = causal
+    mask: torch.Tensor | None
 
 
 @dataclass
 class AttentionMetadata:
-    """Everything the backend needs for one forward pass, built once and shared by all layers. Decode rows
-    (one new token each) share one attention call; each multi-token row (a prefill chunk, a recompute) gets
-    its own, so no sequence pays for another's query length. Keys are cut to the longest context and masks
-    left out where every key is visible (same-length decode rows; a chunk from position 0 is plain causal),
-    so SDPA can pick its fastest kernel. Masks are additive (0 or -inf, in the model's dtype).
+    """Everything the backend needs for one forward pass, built once and shared by all layers.
+    Decode rows (one new token each) share one attention call; each multi-token row (a prefill
+    chunk, a recompute) gets its own, so no sequence pays for another's query length. Keys are cut
+    to the longest context and masks left out where every key is visible (same-length decode rows; a
+    chunk from position 0 is plain causal), so SDPA can pick its fastest kernel. Masks are additive
+    (0 or -inf, in the model's dtype).
     ``batch_invariant``: every row, decode rows included, is a group without a mask, and each of its
     tokens attends alone (:func:`servelab.engine.batch_invariant.attend_rowwise`)."""
 
@@ -66,18 +69,19 @@ class AttentionMetadata:
     decode_token_index: torch.Tensor  # [num_decode] long: flat index of each decode token
     decode_block_tables: torch.Tensor  # [num_decode, max_blocks] long (padded with 0)
     decode_num_keys: int  # longest decode context
-    decode_mask: torch.Tensor | None  # [num_decode, 1, 1, decode_num_keys] additive; None = all visible
+    # [num_decode, 1, 1, decode_num_keys] additive; None = all visible
+    decode_mask: torch.Tensor | None
     prefills: list[PrefillGroup]
     batch_invariant: bool = False
 
 
 def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
                    dtype: torch.dtype, batch_invariant: bool = False) -> AttentionMetadata:
-    """Metadata for a flat batch made of ``rows``, each ``(start_position, num_new_tokens, block_table)``.
-    Row ``i``'s tokens occupy the next ``num_new_tokens`` entries of the flat batch, at positions
-    ``start_position ..``; its block table must cover position
-    ``start_position + num_new_tokens - 1``. ``batch_invariant``: every row becomes a
-    :class:`PrefillGroup` without a mask (see :class:`AttentionMetadata`)."""
+    """Metadata for a flat batch made of ``rows``, each ``(start_position, num_new_tokens,
+    block_table)``. Row ``i``'s tokens occupy the next ``num_new_tokens`` entries of the flat batch,
+    at positions ``start_position ..``; its block table must cover position ``start_position +
+    num_new_tokens - 1``. ``batch_invariant``: every row becomes a :class:`PrefillGroup` without a
+    mask (see :class:`AttentionMetadata`)."""
     slots: list[int] = []
     decode_index, decode_tables, decode_lens = [], [], []
     prefills: list[PrefillGroup] = []
@@ -86,7 +90,9 @@ def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, devi
         end = start + count
         if len(table) * block_size < end:
             raise ValueError(f"block table of {len(table)} blocks cannot hold position {end - 1}")
-        slots.extend(table[pos // block_size] * block_size + pos % block_size for pos in range(start, end))
+        slots.extend(
+            table[pos // block_size] * block_size + pos % block_size for pos in range(start, end)
+        )
         if count == 1 and not batch_invariant:
             decode_index.append(offset)
             decode_tables.append(table)
@@ -94,21 +100,29 @@ def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, devi
         else:
             mask = None
             if start > 0 and not batch_invariant:  # query i sees cached keys 0 .. start + i
-                visible = torch.arange(end, device=device)[None, :] <= torch.arange(start, end, device=device)[:, None]
+                visible = (
+                    torch.arange(end, device=device)[None, :]
+                    <= torch.arange(start, end, device=device)[:, None]
+                )
                 mask = _additive(visible, dtype)
-            prefills.append(PrefillGroup(offset, count, torch.tensor(table, device=device), end, mask))
+            prefills.append(
+                PrefillGroup(offset, count, torch.tensor(table, device=device), end, mask)
+            )
         offset += count
     width = max((len(t) for t in decode_tables), default=1)
     num_keys = max(decode_lens, default=1)
     decode_mask = None
     if any(n != num_keys for n in decode_lens):
         lens = torch.tensor(decode_lens, device=device)
-        decode_mask = _additive(torch.arange(num_keys, device=device)[None, :] < lens[:, None], dtype)[:, None, None]
+        decode_mask = _additive(
+            torch.arange(num_keys, device=device)[None, :] < lens[:, None], dtype
+        )[:, None, None]
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, device=device, dtype=torch.long),
         decode_token_index=torch.tensor(decode_index, device=device, dtype=torch.long),
-        decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], device=device,
-                                         dtype=torch.long).reshape(-1, width),
+        decode_block_tables=torch.tensor(
+            [t + [0] * (width - len(t)) for t in decode_tables], device=device, dtype=torch.long
+        ).reshape(-1, width),
         decode_num_keys=num_keys,
         decode_mask=decode_mask,
         prefills=prefills,
@@ -117,30 +131,37 @@ def build_metadata(rows: list[tuple[int, int, list[int]]], block_size: int, devi
 
 
 def _gather(pool: torch.Tensor, tables: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """Read each sequence's history through its block table: ``[S, kv_heads, num_keys, d]`` from one layer's
-    ``[kv_heads, num_blocks, block_size, d]`` pool. ``index_select`` over the flattened tables copies the
-    blocks in one pass (several times faster on CPU than ``pool[:, tables]``); the result is a view."""
+    """Read each sequence's history through its block table: ``[S, kv_heads, num_keys, d]`` from one
+    layer's ``[kv_heads, num_blocks, block_size, d]`` pool. ``index_select`` over the flattened
+    tables copies the blocks in one pass (several times faster on CPU than ``pool[:, tables]``); the
+    result is a view."""
     num_seqs, width = tables.shape
     kv_heads, _, block_size, head_dim = pool.shape
     blocks = pool.index_select(1, tables.reshape(-1))  # [kv_heads, S * width, block_size, d]
-    return blocks.view(kv_heads, num_seqs, width * block_size, head_dim)[:, :, :num_keys].transpose(0, 1)
+    return blocks.view(kv_heads, num_seqs, width * block_size, head_dim)[:, :, :num_keys].transpose(
+        0, 1
+    )
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool visibility -> additive mask: 0 where visible, -inf elsewhere."""
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, float("-inf"))
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+        ~visible, float("-inf")
+    )
 
 
 class PagedAttention:
-    """Attention backend over the paged pool; set :attr:`metadata` before each forward pass.
-    Called as ``backend(layer, q, k, v)`` with q ``[T, n_heads, d]`` and k/v ``[T, n_kv_heads, d]`` for the
+    """Attention backend over the paged pool; set :attr:`metadata` before each forward pass. Called
+    as ``backend(layer, q, k, v)`` with q ``[T, n_heads, d]`` and k/v ``[T, n_kv_heads, d]`` for the
     ``T`` new tokens of the step (already RoPE-rotated); returns ``[T, n_heads, d]``."""
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
         self.metadata: AttentionMetadata | None = None
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         meta = self.metadata
         if meta is None:
             raise RuntimeError("PagedAttention.metadata must be set before the forward pass")
@@ -154,12 +175,21 @@ class PagedAttention:
             return self._attend_decode(q, k_pool, v_pool, meta)
         out = torch.empty_like(q)
         if meta.decode_token_index.numel():
-            out[meta.decode_token_index] = self._attend_decode(q[meta.decode_token_index], k_pool, v_pool, meta)
+            out[meta.decode_token_index] = self._attend_decode(
+                q[meta.decode_token_index], k_pool, v_pool, meta
+            )
         for group in meta.prefills:
             rows = slice(group.token_start, group.token_start + group.num_tokens)
             mask = None if group.mask is None else group.mask[None]
-            out[rows] = self._attend(q[rows][None], k_pool, v_pool, group.block_table[None], group.num_keys,
-                                     mask, causal=group.mask is None)[0]
+            out[rows] = self._attend(
+                q[rows][None],
+                k_pool,
+                v_pool,
+                group.block_table[None],
+                group.num_keys,
+                mask,
+                causal=group.mask is None,
+            )[0]
         return out
 
     @staticmethod
@@ -178,21 +208,33 @@ class PagedAttention:
     @staticmethod
     def _attend_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                        meta: AttentionMetadata) -> torch.Tensor:
-        """One new token per sequence: q ``[S, H, d]`` -> ``[S, H, d]``.
-        Grouped-query attention without copying K/V: the ``H / kv_heads`` query heads that share a KV head
-        are laid along the query axis of that head, ``[S, kv_heads, group, d]``, so each KV head is read once."""
+        """One new token per sequence: q ``[S, H, d]`` -> ``[S, H, d]``. Grouped-query attention
+        without copying K/V: the ``H / kv_heads`` query heads that share a KV head are laid along
+        the query axis of that head, ``[S, kv_heads, group, d]``, so each KV head is read once."""
         num_seqs, num_heads, head_dim = q.shape
         kv_heads = k_pool.shape[0]
         keys = _gather(k_pool, meta.decode_block_tables, meta.decode_num_keys)
         values = _gather(v_pool, meta.decode_block_tables, meta.decode_num_keys)
-        out = F.scaled_dot_product_attention(q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim),
-                                             keys, values, attn_mask=meta.decode_mask)
+        out = F.scaled_dot_product_attention(
+            q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim),
+            keys,
+            values,
+            attn_mask=meta.decode_mask,
+        )
         return out.reshape(num_seqs, num_heads, head_dim)
 
     @staticmethod
-    def _attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor, num_keys: int,
-                mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
-        """q ``[S, Q, H, d]``, tables ``[S, B]``, mask ``[S, Q, num_keys]`` or None -> ``[S, Q, H, d]``."""
+    def _attend(
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        tables: torch.Tensor,
+        num_keys: int,
+        mask: torch.Tensor | None,
+        causal: bool,
+    ) -> torch.Tensor:
+        """q ``[S, Q, H, d]``, tables ``[S, B]``, mask ``[S, Q, num_keys]`` or None -> ``[S, Q, H,
+        d]``."""
         keys = _gather(k_pool, tables, num_keys)
         values = _gather(v_pool, tables, num_keys)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values,
@@ -202,8 +244,8 @@ class PagedAttention:
 
 
 class ChunkSpan(NamedTuple):
-    """Where one scheduled chunk sits in the pool: ``num_tokens`` tokens from position ``start``, whose
-    K/V go into (and whose history is read from) the physical blocks of ``block_table``."""
+    """Where one scheduled chunk sits in the pool: ``num_tokens`` tokens from position ``start``,
+    whose K/V go into (and whose history is read from) the physical blocks of ``block_table``."""
 
     start: int
     num_tokens: int
@@ -212,12 +254,13 @@ class ChunkSpan(NamedTuple):
 
 @dataclass
 class ForwardInput:
-    """One forward pass's batch, flattened: every chunk's tokens one after another.
-    ``token_ids[i]`` sits at absolute position ``positions[i]``; ``spans`` say which block table each
-    chunk's tokens use (attention metadata); ``sample_indices`` are the flat indices of the last token
-    of each chunk whose logits are sampled, in chunk order (a verify row of speculative decoding samples
-    all ``1 + len(draft_ids)`` of its positions). ``score_rows``: the prompt positions whose
-    logits score the next prompt token (only for ``prompt_logprobs``, :func:`~servelab.engine.logprobs.score_rows`)."""
+    """One forward pass's batch, flattened: every chunk's tokens one after another. ``token_ids[i]``
+    sits at absolute position ``positions[i]``; ``spans`` say which block table each chunk's tokens
+    use (attention metadata); ``sample_indices`` are the flat indices of the last token of each
+    chunk whose logits are sampled, in chunk order (a verify row of speculative decoding samples all
+    ``1 + len(draft_ids)`` of its positions). ``score_rows``: the prompt positions whose logits
+    score the next prompt token (only for ``prompt_logprobs``,
+    :func:`~servelab.engine.logprobs.score_rows`)."""
 
     token_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
@@ -226,7 +269,9 @@ class ForwardInput:
     score_rows: list[ScoreRow] = field(default_factory=list)
 
     @classmethod
-    def from_chunks(cls, chunks: Iterable[tuple[ScheduledChunk, EngineSequence, list[int]]]) -> "ForwardInput":
+    def from_chunks(
+        cls, chunks: Iterable[tuple[ScheduledChunk, EngineSequence, list[int]]]
+    ) -> "ForwardInput":
         """Flatten ``(chunk, its sequence, its block table)`` triples in batch order."""
         batch = cls()
         for chunk, seq, table in chunks:
@@ -245,9 +290,9 @@ class ForwardInput:
 
 
 class ModelRunner:
-    """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``config.num_blocks`` blocks (else what
-    :func:`pool_blocks` sizes from the memory there is, :attr:`pool_size`). The model moves to the
-    configured device and dtype in place, its CPU linear weights packed for oneDNN
+    """Runs :class:`LlamaForCausalLM` over a paged KV pool of ``config.num_blocks`` blocks (else
+    what :func:`pool_blocks` sizes from the memory there is, :attr:`pool_size`). The model moves to
+    the configured device and dtype in place, its CPU linear weights packed for oneDNN
     (:mod:`servelab.engine.cpu_linear`). With ``config.batch_invariant`` each forward pass runs in
     :class:`~servelab.engine.batch_invariant.BatchInvariantMode`; the model itself is not changed,
     so engines with and without it can share one model."""
@@ -255,12 +300,14 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
         self.device, self.dtype = resolve_device_dtype(config, model)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        pack_linears(self.model)  # steps of several rows through oneDNN (servelab.engine.cpu_linear)
+        # steps of several rows through oneDNN (servelab.engine.cpu_linear)
+        pack_linears(self.model)
         cfg = model.config
         self.block_size = config.block_size
         self.batch_invariant = config.batch_invariant
         self.bytes_per_block = gpu_memory.kv_block_bytes(cfg, config.block_size, self.dtype)
-        self.max_model_len = config.max_model_len or cfg.max_position_embeddings  # checked by the engine
+        # checked by the engine
+        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         self.num_blocks = config.num_blocks or pool_blocks(self, config, self.max_model_len)
         self.cache = KVCache(cfg.num_hidden_layers, self.num_blocks, config.block_size,
                              cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
@@ -269,14 +316,16 @@ class ModelRunner:
 
     @property
     def pool_size(self) -> PoolSize:
-        """The KV pool in blocks, tokens and bytes, and how many ``max_model_len`` requests it holds."""
+        """The KV pool in blocks, tokens and bytes, and how many ``max_model_len`` requests it
+        holds."""
         return PoolSize(self.num_blocks, self.block_size, self.bytes_per_block, self.max_model_len,
                         self.device.type)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardInput) -> torch.Tensor:
         """One forward pass over ``batch``. Returns float32 logits ``[len(sample_indices) +
-        len(score_rows), vocab]``: one row per sampled chunk, in chunk order, then the score rows."""
+        len(score_rows), vocab]``: one row per sampled chunk, in chunk order, then the score
+        rows."""
         self.backend.metadata = build_metadata(batch.spans, self.block_size, self.device,
                                                self.dtype, self.batch_invariant)
         with BatchInvariantMode() if self.batch_invariant else nullcontext():
@@ -313,9 +362,10 @@ def pool_blocks(runner: ModelRunner, config: EngineConfig, max_model_len: int) -
 
 
 def blocks_from_gpu_memory(runner: ModelRunner, config: EngineConfig) -> int:
-    """Profile one forward pass of ``max_num_batched_tokens`` tokens (one sequence from position 0, its last
-    ``max_num_seqs`` rows through the LM head) over a pool just large enough, then size the real pool from
-    what the device has left (:func:`servelab.engine.gpu_memory.kv_blocks_for_gpu`)."""
+    """Profile one forward pass of ``max_num_batched_tokens`` tokens (one sequence from position 0,
+    its last ``max_num_seqs`` rows through the LM head) over a pool just large enough, then size the
+    real pool from what the device has left
+    (:func:`servelab.engine.gpu_memory.kv_blocks_for_gpu`)."""
     cfg = runner.model.config
     tokens = min(config.max_num_batched_tokens, config.max_model_len or cfg.max_position_embeddings)
     blocks = -(-tokens // config.block_size)
@@ -325,8 +375,17 @@ def blocks_from_gpu_memory(runner: ModelRunner, config: EngineConfig) -> int:
                          sample_indices=list(range(tokens - rows, tokens)))
 
     def profile() -> None:
-        runner.backend = PagedAttention(KVCache(cfg.num_hidden_layers, blocks, config.block_size,
-                                                cfg.num_key_value_heads, cfg.head_dim, runner.dtype, runner.device))
+        runner.backend = PagedAttention(
+            KVCache(
+                cfg.num_hidden_layers,
+                blocks,
+                config.block_size,
+                cfg.num_key_value_heads,
+                cfg.head_dim,
+                runner.dtype,
+                runner.device,
+            )
+        )
         runner.execute(batch)
         del runner.backend
 

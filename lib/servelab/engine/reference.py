@@ -1,8 +1,8 @@
 """The plain full-recompute decoding loop: no KV cache, no batching, no scheduler.
 
-Every step runs the whole sequence so far through the model with dense causal attention and takes the
-logits of the last position. It is slow (quadratic work per token) and obviously correct, which is why
-the engine's tests compare against it token for token under greedy decoding.
+Every step runs the whole sequence so far through the model with dense causal attention and takes
+the logits of the last position. It is slow (quadratic work per token) and obviously correct, which
+is why the engine's tests compare against it token for token under greedy decoding.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from servelab.model.llama import DenseCausalAttention, LlamaForCausalLM
 @torch.inference_mode()
 def reference_generate(model: LlamaForCausalLM, prompt_ids: Sequence[int], max_tokens: int,
                        eos_token_id: int | None = None) -> list[int]:
-    """Greedy: up to ``max_tokens`` token ids after ``prompt_ids``, recomputing everything each step.
+    """Greedy: up to ``max_tokens`` token ids after ``prompt_ids``, recomputing everything each
+    step.
 
-    Each step takes the argmax of the last position's logits (lowest id on a tie). Generation stops after
-    ``eos_token_id`` (included in the output) or after ``max_tokens`` tokens.
+    Each step takes the argmax of the last position's logits (lowest id on a tie). Generation stops
+    after ``eos_token_id`` (included in the output) or after ``max_tokens`` tokens.
     """
     if not prompt_ids:
         raise ValueError("prompt_ids must contain at least one token")

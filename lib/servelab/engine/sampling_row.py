@@ -26,4 +26,5 @@ class SamplingRow:
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
     generator: torch.Generator  # CPU generator owned by the request
-    grammar_mask: torch.Tensor | None = None  # bool [vocab]: the ids the request's grammar allows next
+    # bool [vocab]: the ids the request's grammar allows next
+    grammar_mask: torch.Tensor | None = None

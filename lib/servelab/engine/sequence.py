@@ -1,13 +1,15 @@
-"""One sample of a request inside the engine: its record, its text, and the step's outputs built from it.
+"""One sample of a request inside the engine: its record, its text, and the step's outputs built
+from it.
 
 A request with ``n`` samples has ``n`` sequences (``EngineSequence.request`` points back to its
 :class:`EngineRequest`, defined here too: the two records refer to each other), shared by the
-scheduler, the model runner and output processing. Counts are tokens: ``num_computed`` leading tokens
-have K/V in the cache; ``emitted_ids`` have reached the caller as text. Phase 5 of a step is
-:func:`accept_token` per sampled token, :func:`finish_text` when a sample ends, :func:`request_output`.
+scheduler, the model runner and output processing. Counts are tokens: ``num_computed`` leading
+tokens have K/V in the cache; ``emitted_ids`` have reached the caller as text. Phase 5 of a step is
+:func:`accept_token` per sampled token, :func:`finish_text` when a sample ends,
+:func:`request_output`.
 
-System boundary: plain bookkeeping, no tensors but the sample's generator; times are the engine clock's
-seconds. It frees nothing (the engine's one terminal path does).
+System boundary: plain bookkeeping, no tensors but the sample's generator; times are the engine
+clock's seconds. It frees nothing (the engine's one terminal path does).
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from servelab.engine.logprobs import SampleLogprobs, TokenLogprob, take_logprobs, take_prompt_logprobs
+from servelab.engine.logprobs import (
+    SampleLogprobs,
+    TokenLogprob,
+    take_logprobs,
+    take_prompt_logprobs,
+)
 from servelab.lifecycle.ledger import Usage
 from servelab.metrics.latency import RequestTiming
 from servelab.sampling.params import SamplingParams
@@ -61,27 +68,32 @@ class EngineSequence:
     namespace: str = ""
     priority: int = 0
     tenant: str = ""  # who sent it: the "fair-queuing" policy shares tokens between tenants
-    queued_tick: int = 0  # the scheduler tick it was queued at; ``waited`` = ticks since then ("sjf-aging")
+    # the scheduler tick it was queued at; ``waited`` = ticks since then ("sjf-aging")
+    queued_tick: int = 0
     waited: int = 0
     deadline: float | None = None  # absolute time on the engine's clock
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     cached_prompt_tokens: int | None = None  # set at first admission
     status: SeqStatus = SeqStatus.WAITING
-    paused: bool = False  # descheduled by the caller: every tick skips it; it keeps whatever it holds
-    # sibling sequences it forks into once its prompt is computed (n - 1 for a request with n samples,
-    # 0 after the fork); it holds a batch slot for each of them in advance
+    # descheduled by the caller: every tick skips it; it keeps whatever it holds
+    paused: bool = False
+    # sibling sequences it forks into once its prompt is computed (n - 1 for a request with n
+    # samples, 0 after the fork); it holds a batch slot for each of them in advance
     samples_to_fork: int = 0
     # the text side: what the caller has been sent and what waits
     text: str = ""
-    token_ends: list[int] = field(default_factory=list)  # decoded text length after each generated token
+    # decoded text length after each generated token
+    token_ends: list[int] = field(default_factory=list)
     emitted_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     committed_at_end: int = 0  # num_computed when it finished (what it held just before release)
     delta: str = ""  # text produced since the last output, not yet handed out
     delta_ids: tuple[int, ...] = ()  # ids released since the last output
-    logprobs: SampleLogprobs = field(default_factory=SampleLogprobs)  # params.logprobs / prompt_logprobs
-    matcher: object | None = None  # the sample's xgrammar matcher (params.grammar), made at its first step
+    # params.logprobs / prompt_logprobs
+    logprobs: SampleLogprobs = field(default_factory=SampleLogprobs)
+    # the sample's xgrammar matcher (params.grammar), made at its first step
+    matcher: object | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -89,7 +101,8 @@ class EngineSequence:
         return self.prompt_ids + self.output_ids
 
     def tokens_between(self, start: int, end: int) -> list[int]:
-        """``token_ids[start:end]`` without building the whole list (a decode step reads one token)."""
+        """``token_ids[start:end]`` without building the whole list (a decode step reads one
+        token)."""
         split = len(self.prompt_ids)
         if start >= split:
             return self.output_ids[start - split:end - split]
@@ -109,7 +122,8 @@ class EngineSequence:
 
     @property
     def batch_slots(self) -> int:
-        """Batch slots it takes while running: its own plus one per sibling it will still fork into."""
+        """Batch slots it takes while running: its own plus one per sibling it will still fork
+        into."""
         return 1 + self.samples_to_fork
 
     @property
@@ -120,9 +134,9 @@ class EngineSequence:
 
 @dataclass(eq=False)
 class EngineRequest:
-    """One request: its samples' sequences. Before the fork only ``seqs[0]`` is scheduled; it holds a
-    batch slot for every sibling. ``seqs`` is emptied when the request ends (``LLMEngine._end``), so the
-    request and its sequences do not keep each other alive."""
+    """One request: its samples' sequences. Before the fork only ``seqs[0]`` is scheduled; it holds
+    a batch slot for every sibling. ``seqs`` is emptied when the request ends (``LLMEngine._end``),
+    so the request and its sequences do not keep each other alive."""
 
     request_id: str
     seqs: list[EngineSequence] = field(default_factory=list)
@@ -137,9 +151,10 @@ class EngineRequest:
 
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas, decoding only a short window each time. A
-    UTF-8 character split over several tokens decodes to a trailing U+FFFD until the rest arrives: that tail
-    is held back. Decoding ``ids[_prefix:]`` and dropping the text of ``ids[_prefix:_read]`` gives exactly
-    the new text, at a cost independent of the output length."""
+    UTF-8 character split over several tokens decodes to a trailing U+FFFD until the rest arrives:
+    that tail is held back. Decoding ``ids[_prefix:]`` and dropping the text of
+    ``ids[_prefix:_read]`` gives exactly the new text, at a cost independent of the output
+    length."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -161,7 +176,8 @@ class IncrementalDetokenizer:
 
 @dataclass(frozen=True)
 class SampleOutput:
-    """One of the ``n`` samples of a parallel-sampling request: this step's delta plus its totals."""
+    """One of the ``n`` samples of a parallel-sampling request: this step's delta plus its
+    totals."""
 
     index: int  # 0 .. n-1; sample i was drawn with seed + i when the request had a seed
     delta: str
@@ -176,11 +192,14 @@ class SampleOutput:
 @dataclass(frozen=True)
 class RequestOutput:
     """What one step produced for one request: the new text and ids, plus the totals so far. With
-    ``params.n > 1``, ``samples`` holds all ``n`` (else empty) and the text and id fields mirror sample 0.
-    ``finish_reason`` (once every sample finished): cancelled / timed_out / failed when cut short, else that
-    of the sample that finished last. ``usage`` sums over the samples; ``timing`` is per stream (n == 1
-    only). ``logprobs``: one per id handed out this step, plus a final EOS (``params.logprobs``);
-    ``prompt_logprobs``: the prompt tokens after the first, once, when the prompt is done (else None)."""
+    ``params.n > 1``, ``samples`` holds all ``n`` (else empty) and the text and id fields mirror
+    sample 0.
+    ``finish_reason`` (once every sample finished): cancelled / timed_out / failed when cut short,
+    else that of the sample that finished last. ``usage`` sums over the samples; ``timing`` is per
+    stream (n == 1 only). ``logprobs``: one per id handed out this step, plus a final EOS
+    (``params.logprobs``);
+    ``prompt_logprobs``: the prompt tokens after the first, once, when the prompt is done (else
+    None)."""
 
     request_id: str
     delta: str
@@ -216,8 +235,8 @@ class StepOutputs:
 
 def accept_token(seq: EngineSequence, token: int | None, now: float, eos: Collection[int],
                  max_model_len: int) -> tuple[str | None, str]:
-    """Append a sampled token and produce its text. Returns the stop it fired (None, ``"eos"`` (one of the
-    ``eos`` ids), ``"stop"``, ``"length"`` or ``"failed"``) and, for ``"failed"``, why."""
+    """Append a sampled token and produce its text. Returns the stop it fired (None, ``"eos"`` (one
+    of the ``eos`` ids), ``"stop"``, ``"length"`` or ``"failed"``) and, for ``"failed"``, why."""
     if token is None:
         return "failed", "the hard constraints mask every token"
     seq.output_ids.append(token)
@@ -225,7 +244,8 @@ def accept_token(seq: EngineSequence, token: int | None, now: float, eos: Collec
         return "eos", ""
     try:
         delta = seq.stops.push(seq.detok.update(seq.output_ids))
-    except Exception as exc:  # e.g. the tokenizer cannot decode: this request fails, the others go on
+    # e.g. the tokenizer cannot decode: this request fails, the others go on
+    except Exception as exc:
         return "failed", repr(exc)
     seq.token_ends.append(len(seq.detok.text))
     seq.text += delta
@@ -239,8 +259,8 @@ def accept_token(seq: EngineSequence, token: int | None, now: float, eos: Collec
 
 
 def release_ids(seq: EngineSequence, now: float, partial: bool = False) -> tuple[int, ...]:
-    """Hand out the token ids whose text has reached the caller (``partial``: also those cut by a stop
-    string), stamping their emit time. An id whose text is still held back waits with it."""
+    """Hand out the token ids whose text has reached the caller (``partial``: also those cut by a
+    stop string), stamping their emit time. An id whose text is still held back waits with it."""
     released, new = len(seq.text), []
     while len(seq.emitted_ids) < len(seq.token_ends):
         i = len(seq.emitted_ids)
@@ -254,9 +274,9 @@ def release_ids(seq: EngineSequence, now: float, partial: bool = False) -> tuple
 
 
 def finish_text(seq: EngineSequence, reason: str, now: float) -> None:
-    """Finish one sample's text: a normal end (length, EOS) releases the text held back for a possible
-    stop string; a stop match releases the ids of tokens its text reaches into; cancelled, timed-out
-    and failed samples drop whatever was still held (the client never sees it)."""
+    """Finish one sample's text: a normal end (length, EOS) releases the text held back for a
+    possible stop string; a stop match releases the ids of tokens its text reaches into; cancelled,
+    timed-out and failed samples drop whatever was still held (the client never sees it)."""
     if reason in ("length", "eos"):
         tail = seq.stops.push(seq.detok.update(seq.output_ids[:len(seq.token_ends)], final=True))
         tail += seq.stops.flush()
@@ -270,7 +290,9 @@ def finish_text(seq: EngineSequence, reason: str, now: float) -> None:
     seq.times.finish = now
 
 
-def request_output(request_id: str, seqs: list[EngineSequence], finish_reason: str | None) -> RequestOutput:
+def request_output(
+    request_id: str, seqs: list[EngineSequence], finish_reason: str | None
+) -> RequestOutput:
     """The request's output for this step; hands out (and clears) each sample's pending delta."""
     finished = finish_reason is not None
     first = seqs[0]
@@ -278,10 +300,20 @@ def request_output(request_id: str, seqs: list[EngineSequence], finish_reason: s
     samples = tuple(SampleOutput(s.index, s.delta, s.text, s.delta_ids, tuple(s.emitted_ids),
                                  s.finish_reason is not None, s.finish_reason, lp)
                     for s, lp in zip(seqs, logprobs)) if len(seqs) > 1 else ()
-    output = RequestOutput(request_id=request_id, delta=first.delta, text=first.text, delta_token_ids=first.delta_ids,
-                           token_ids=tuple(first.emitted_ids), finished=finished, finish_reason=finish_reason,
-                           usage=usage(seqs), timing=timing(first) if finished and not samples else None,
-                           samples=samples, logprobs=logprobs[0], prompt_logprobs=take_prompt_logprobs(first))
+    output = RequestOutput(
+        request_id=request_id,
+        delta=first.delta,
+        text=first.text,
+        delta_token_ids=first.delta_ids,
+        token_ids=tuple(first.emitted_ids),
+        finished=finished,
+        finish_reason=finish_reason,
+        usage=usage(seqs),
+        timing=timing(first) if finished and not samples else None,
+        samples=samples,
+        logprobs=logprobs[0],
+        prompt_logprobs=take_prompt_logprobs(first),
+    )
     for seq in seqs:
         seq.delta, seq.delta_ids = "", ()
     return output
@@ -291,17 +323,27 @@ def usage(seqs: list[EngineSequence]) -> Usage:
     """The request's token counts so far, summed over its samples (a finished sample counts what it
     held when it finished)."""
     first = seqs[0]
-    return Usage(prompt_tokens=len(first.prompt_ids), cached_prompt_tokens=first.cached_prompt_tokens or 0,
-                 generated_tokens=sum(len(s.output_ids) for s in seqs),
-                 emitted_tokens=sum(len(s.emitted_ids) for s in seqs),
-                 committed_tokens=sum(s.committed_at_end if s.finish_reason is not None else s.num_computed
-                                      for s in seqs))
+    return Usage(
+        prompt_tokens=len(first.prompt_ids),
+        cached_prompt_tokens=first.cached_prompt_tokens or 0,
+        generated_tokens=sum(len(s.output_ids) for s in seqs),
+        emitted_tokens=sum(len(s.emitted_ids) for s in seqs),
+        committed_tokens=sum(
+            s.committed_at_end if s.finish_reason is not None else s.num_computed for s in seqs
+        ),
+    )
 
 
 def timing(seq: EngineSequence) -> RequestTiming | None:
-    """The stream's ``RequestTiming`` (arrival, first scheduled, emits, finish), None if nothing was emitted."""
+    """The stream's ``RequestTiming`` (arrival, first scheduled, emits, finish), None if nothing was
+    emitted."""
     times = seq.times
     if not times.emits or times.first_scheduled is None:
         return None
-    return RequestTiming(arrival=times.arrival, first_scheduled=times.first_scheduled,
-                         emit_times=tuple(times.emits), finish=times.finish, prompt_tokens=len(seq.prompt_ids))
+    return RequestTiming(
+        arrival=times.arrival,
+        first_scheduled=times.first_scheduled,
+        emit_times=tuple(times.emits),
+        finish=times.finish,
+        prompt_tokens=len(seq.prompt_ids),
+    )

@@ -1,8 +1,9 @@
-"""Structured outputs in the engine's step: the grammar masks of the rows whose request has ``params.grammar``.
+"""Structured outputs in the engine's step: the grammar masks of the rows whose request has
+``params.grammar``.
 
-Only such requests run this (:mod:`servelab.sampling.grammar` holds the grammars and the xgrammar matchers): each
-sample gets its matcher at its first sampled step, the sampler masks the ids the grammar forbids next,
-and every drawn token advances the matcher.
+Only such requests run this (:mod:`servelab.sampling.grammar` holds the grammars and the xgrammar
+matchers): each sample gets its matcher at its first sampled step, the sampler masks the ids the
+grammar forbids next, and every drawn token advances the matcher.
 
 With speculative decoding the matcher walks along the drafts and comes back, as in vLLM V1
 (``StructuredOutputGrammar.validate_tokens`` when drafts reach the scheduler,
@@ -16,7 +17,8 @@ With speculative decoding the matcher walks along the drafts and comes back, as 
 Each walk rolls the matcher back to where it was (xgrammar keeps its history: ``rollback(n)``), so a
 rejected draft leaves nothing behind in the grammar state.
 
-System boundary: bool masks ``[vocab]`` per row out, the samples' matchers advanced; no logits touched here.
+System boundary: bool masks ``[vocab]`` per row out, the samples' matchers advanced; no logits
+touched here.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ def grammar_masks(seqs: list["EngineSequence"], vocab_size: int) -> dict[int, to
 
 
 def mask_logits(z: torch.Tensor, rows: list["SamplingRow"]) -> set[int]:
-    """The sampler's stage 3 (before temperature), in place on float64 logits ``z`` ``[rows, vocab]``: ids a
-    row's grammar forbids get ``-inf``; rows left with nothing are reset to 0 and returned."""
+    """The sampler's stage 3 (before temperature), in place on float64 logits ``z`` ``[rows,
+    vocab]``: ids a row's grammar forbids get ``-inf``; rows left with nothing are reset to 0 and
+    returned."""
     dead = set()
     for i, row in enumerate(rows):
         if row.grammar_mask is not None:
@@ -56,8 +59,11 @@ def mask_logits(z: torch.Tensor, rows: list["SamplingRow"]) -> set[int]:
     return dead
 
 
-def accept_tokens(seqs: list["EngineSequence"], masks: dict[int, torch.Tensor], tokens: list[int | None]) -> None:
-    """Advance the matcher of every masked row by the token it drew (a row left with no token is skipped)."""
+def accept_tokens(
+    seqs: list["EngineSequence"], masks: dict[int, torch.Tensor], tokens: list[int | None]
+) -> None:
+    """Advance the matcher of every masked row by the token it drew (a row left with no token is
+    skipped)."""
     for i in masks:
         if tokens[i] is not None:
             grammar.accept(seqs[i].matcher, tokens[i])
@@ -78,7 +84,9 @@ def grammar_prefix(seq: "EngineSequence", drafts: list[int]) -> list[int]:
     return drafts[:kept]
 
 
-def verify_masks(seq: "EngineSequence", drafts: tuple[int, ...], vocab_size: int) -> list[torch.Tensor]:
+def verify_masks(
+    seq: "EngineSequence", drafts: tuple[int, ...], vocab_size: int
+) -> list[torch.Tensor]:
     """Bool ``[vocab_size]`` per row of ``seq``'s verify row: row ``i`` holds the ids the grammar
     allows after the first ``i`` drafts. Past a draft the grammar refuses, or past its end, nothing
     is allowed. The matcher ends where it started."""

@@ -3,15 +3,16 @@
 Each ``check_*`` function takes the student's functions or class, compares it case by case with a
 reference built on the library, prints one line per case (the rule it tests, the points, and for a
 failure what went in, what came out, what was expected and the steps that led there), and returns a
-:class:`CheckResult` (``.passed``, ``.failures``, ``.points``, ``.max_points``, ``.not_implemented``).
-A checker never raises: the stub shipped in a notebook raises ``NotImplementedError``, which is
-reported as "not implemented yet". ``seed=None`` runs the public cases; ``seed=N`` the hidden cases
-the grader draws from an instructor's secret seed (:mod:`servelab.exercises.hidden`). The public
-cases' expected values are committed data; the reference solutions that compute them, and the hidden
-cases' expected values, live in the instructor-only package ``servelab_instructor``, which this
-package's wheel does not contain (:mod:`servelab.exercises.expected`).
-The batch grader that calls every student's code in an isolated worker on the hidden cases is
-instructor-only too: ``SERVELAB_GRADE_SEED=N python -m servelab_instructor.grader grade SUBMISSIONS_DIR``.
+:class:`CheckResult` (``.passed``, ``.failures``, ``.points``, ``.max_points``,
+``.not_implemented``). A checker never raises: the stub shipped in a notebook raises
+``NotImplementedError``, which is reported as "not implemented yet". ``seed=None`` runs the public
+cases; ``seed=N`` the hidden cases the grader draws from an instructor's secret seed
+(:mod:`servelab.exercises.hidden`). The public cases' expected values are committed data; the
+reference solutions that compute them, and the hidden cases' expected values, live in the
+instructor-only package ``servelab_instructor``, which this package's wheel does not contain
+(:mod:`servelab.exercises.expected`). The batch grader that calls every student's code in an
+isolated worker on the hidden cases is instructor-only too: ``SERVELAB_GRADE_SEED=N python -m
+servelab_instructor.grader grade SUBMISSIONS_DIR``.
 
 ========================  ================================================  ==================================
 checker                   student writes                                    reference built on

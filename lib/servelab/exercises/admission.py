@@ -12,7 +12,8 @@ returns ``(admitted, rejected)``: the names admitted this round, each with a res
 ``ceil((prompt + max_output) / block_size)`` blocks, and the names refused outright because they
 could never fit the whole pool. Everything else stays queued. The rules:
 
-1. a request is admitted only if its whole reservation fits what is left (pool - held - reserved so far);
+1. a request is admitted only if its whole reservation fits what is left (pool - held - reserved so
+   far);
 2. a reservation made this round shrinks what the next request can get;
 3. first come, first served: once a request waits for room, every request behind it waits too;
 4. a request larger than the whole pool is rejected (it would block the queue forever), and does not
@@ -54,8 +55,8 @@ ADMISSION_CASES = (
 
 
 def hidden_cases(seed: int) -> tuple:
-    """The public rules with fresh names, and the block size and every token count scaled by 1, 2 or 4
-    (the same blocks per request, so every rule still holds)."""
+    """The public rules with fresh names, and the block size and every token count scaled by 1, 2 or
+    4 (the same blocks per request, so every rule still holds)."""
     rng = hidden_rng(seed, "admission")
     cases = []
     for rule, (queue, pool_blocks, held, block_size, slots), points in ADMISSION_CASES:
@@ -72,33 +73,44 @@ def expected_from_reference(cases: tuple) -> list[list[list[str]]]:
 
 
 def _table(seed: int | None) -> list[tuple]:
-    """The cases of ``seed`` (public when None), each paired with its expected ``(admitted, rejected)``."""
+    """The cases of ``seed`` (public when None), each paired with its expected ``(admitted,
+    rejected)``."""
     cases = ADMISSION_CASES if seed is None else hidden_cases(seed)
     values = public_expected("admission") if seed is None else expected_from_reference(cases)
-    return [(case, (admitted, rejected)) for case, (admitted, rejected) in paired("admission", cases, values)]
+    return [
+        (case, (admitted, rejected))
+        for case, (admitted, rejected) in paired("admission", cases, values)
+    ]
 
 
 def _steps(queue: list, pool_blocks: int, held: int, block_size: int) -> str:
     left, parts = pool_blocks - held, []
     for name, prompt, output in queue:
         need = -(-(prompt + output) // block_size)
-        parts.append(f"{name} needs ceil(({prompt} + {output}) / {block_size}) = {count(need, 'block')}")
+        parts.append(
+            f"{name} needs ceil(({prompt} + {output}) / {block_size}) = {count(need, 'block')}"
+        )
     return f"steps: {pool_blocks} blocks - {held} held = {left} available; " + "; ".join(parts)
 
 
 def _case(admit: Admit, args: tuple, expected: tuple[list[str], list[str]]) -> None:
     queue, pool_blocks, held, block_size, slots = args
     got = admit(list(queue), pool_blocks, held, block_size, slots)
-    got_norm = (list(got[0]), list(got[1])) if isinstance(got, (tuple, list)) and len(got) == 2 else got
+    got_norm = (
+        (list(got[0]), list(got[1])) if isinstance(got, (tuple, list)) and len(got) == 2 else got
+    )
     if got_norm != expected:
         call = (f"admit({list(queue)}, pool_blocks={pool_blocks}, held_blocks={held}, "
                 f"block_size={block_size}, free_slots={slots})")
-        raise CaseFailure(f"{call} returned (admitted, rejected) = {got_norm!r}, expected {expected!r}\n"
-                          f"{_steps(queue, pool_blocks, held, block_size)}")
+        raise CaseFailure(
+            f"{call} returned (admitted, rejected) = {got_norm!r}, expected {expected!r}\n"
+            f"{_steps(queue, pool_blocks, held, block_size)}"
+        )
 
 
 def check_admission(admit: Admit, verbose: bool = True, seed: int | None = None) -> CheckResult:
-    """Run the admission cases (public, or the hidden ones of ``seed``) against FCFS with reservations."""
+    """Run the admission cases (public, or the hidden ones of ``seed``) against FCFS with
+    reservations."""
     cases = [Case(rule, lambda a=args, e=expected: _case(admit, a, e), points)
              for (rule, args, points), expected in _table(seed)]
     return run_cases("admission with reservations", cases, verbose)
@@ -107,6 +119,8 @@ def check_admission(admit: Admit, verbose: bool = True, seed: int | None = None)
 def worked_example() -> str:
     """The shrinking-reservation case (public) and what a correct ``admit`` returns."""
     (_, (queue, pool_blocks, held, block_size, slots), _), (admitted, rejected) = _table(None)[1]
-    return (f"admit({queue}, pool_blocks={pool_blocks}, held_blocks={held}, block_size={block_size}, "
-            f"free_slots={slots})\n-> admitted {admitted}, rejected {rejected}\n"
-            f"{_steps(queue, pool_blocks, held, block_size)}")
+    return (
+        f"admit({queue}, pool_blocks={pool_blocks}, held_blocks={held}, block_size={block_size}, "
+        f"free_slots={slots})\n-> admitted {admitted}, rejected {rejected}\n"
+        f"{_steps(queue, pool_blocks, held, block_size)}"
+    )

@@ -26,7 +26,11 @@ def renamer(rng: random.Random, names: list[str]) -> dict[str, str]:
     used: set[str] = set()
     for name in names:
         while name not in fresh:
-            candidate = rng.choice(string.ascii_uppercase) + rng.choice(string.ascii_lowercase) + str(rng.randrange(10))
+            candidate = (
+                rng.choice(string.ascii_uppercase)
+                + rng.choice(string.ascii_lowercase)
+                + str(rng.randrange(10))
+            )
             if candidate not in used:
                 fresh[name], used = candidate, used | {candidate}
     return fresh

@@ -12,12 +12,13 @@ Student interface (a class; block ids are the student's own choice)::
         def block_table(self, seq_id) -> list[int]: ...
         def refcount(self, block: int) -> int: ...
 
-When the pool is short, ``allocate``/``append`` raise ``MemoryError`` and change nothing. The reference
-is ``servelab.kv.BlockAllocator`` (prefix caching off) behind the same interface, in the
+When the pool is short, ``allocate``/``append`` raise ``MemoryError`` and change nothing. The
+reference is ``servelab.kv.BlockAllocator`` (prefix caching off) behind the same interface, in the
 instructor-only package; the public scenarios' expected steps are committed data
-(:mod:`servelab.exercises.expected`), replayed from the reference by :func:`trace`. After every operation the checker compares the free-block count, the operation's
-result and, for every live sequence, the refcounts along its block table; a failure names the rule
-the scenario tests and lists every step before the failing one with what it returned.
+(:mod:`servelab.exercises.expected`), replayed from the reference by :func:`trace`. After every
+operation the checker compares the free-block count, the operation's result and, for every live
+sequence, the refcounts along its block table; a failure names the rule the scenario tests and lists
+every step before the failing one with what it returned.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from servelab.prose import count
 __all__ = ["check_block_allocator", "expected_from_reference", "trace"]
 
 
-# A scenario is (rule, pool blocks, block size, operations, points); an operation is (method, *arguments).
+# A scenario is (rule, pool blocks, block size, operations, points); an operation is (method,
+# *arguments).
 SCENARIOS = (
     ("a table rounds up to whole blocks", 8, 4, [("allocate", "A", 5), ("allocate", "B", 4)], 1),
     ("fork shares every block", 8, 4, [("allocate", "A", 6), ("fork", "A", "B")], 1),
@@ -55,8 +57,8 @@ SCENARIOS = (
 
 
 def hidden_scenarios(seed: int) -> tuple:
-    """The public scenarios with fresh sequence ids and the block size and allocated tokens scaled by
-    1, 2 or 4 (the same blocks, full or partial tails, so every rule still holds)."""
+    """The public scenarios with fresh sequence ids and the block size and allocated tokens scaled
+    by 1, 2 or 4 (the same blocks, full or partial tails, so every rule still holds)."""
     rng = hidden_rng(seed, "block_allocator")
     scenarios = []
     for rule, n, block_size, ops, points in SCENARIOS:
@@ -69,7 +71,8 @@ def hidden_scenarios(seed: int) -> tuple:
 
 
 def _apply(alloc: object, op: tuple) -> object:
-    """Run one operation; return a comparable outcome (table length, freed count, or the error type)."""
+    """Run one operation; return a comparable outcome (table length, freed count, or the error
+    type)."""
     method, *args = op
     try:
         result = getattr(alloc, method)(*args)
@@ -91,8 +94,8 @@ def _live_after(live: list[Hashable], op: tuple, outcome: object) -> list[Hashab
 
 
 def trace(alloc: object, ops: list) -> list[dict]:
-    """Replay ``ops`` on ``alloc``: after each step its ``result``, ``free`` blocks and the ``refcounts``
-    along every live sequence's block table (what a correct allocator must show)."""
+    """Replay ``ops`` on ``alloc``: after each step its ``result``, ``free`` blocks and the
+    ``refcounts`` along every live sequence's block table (what a correct allocator must show)."""
     live: list[Hashable] = []
     steps = []
     for op in ops:
@@ -112,7 +115,9 @@ def expected_from_reference(scenarios: tuple) -> list[list[dict]]:
 def _table(seed: int | None) -> list[tuple]:
     """The scenarios of ``seed`` (public when None), each paired with its expected steps."""
     scenarios = SCENARIOS if seed is None else hidden_scenarios(seed)
-    values = public_expected("block_allocator") if seed is None else expected_from_reference(scenarios)
+    values = (
+        public_expected("block_allocator") if seed is None else expected_from_reference(scenarios)
+    )
     return paired("block_allocator", scenarios, values)
 
 
@@ -127,10 +132,15 @@ def _history(done: list[str]) -> str:
     return "steps before it:\n" + "\n".join(f"  {line}" for line in done)
 
 
-def _run_scenario(student_cls: Callable[[int, int], object], num_blocks: int, block_size: int, ops: list,
-                  expected: list[dict]) -> None:
-    """Replay ``ops`` on the student's allocator; at the first difference from the ``expected`` steps,
-    fail with the steps that led there."""
+def _run_scenario(
+    student_cls: Callable[[int, int], object],
+    num_blocks: int,
+    block_size: int,
+    ops: list,
+    expected: list[dict],
+) -> None:
+    """Replay ``ops`` on the student's allocator; at the first difference from the ``expected``
+    steps, fail with the steps that led there."""
     student = student_cls(num_blocks, block_size)
     live: list[Hashable] = []
     done: list[str] = []
@@ -138,22 +148,35 @@ def _run_scenario(student_cls: Callable[[int, int], object], num_blocks: int, bl
         got = _apply(student, op)
         call = f"step {step} {_call_text(op)} on a pool of {num_blocks} blocks x {block_size} slots"
         if got != right["result"]:
-            raise CaseFailure(f"{call} gave {got!r}, expected {right['result']!r}; {_history(done)}")
+            raise CaseFailure(
+                f"{call} gave {got!r}, expected {right['result']!r}; {_history(done)}"
+            )
         live = _live_after(live, op, got)
         got_free, got_refs = _state(student, live)
         if got_free != right["free"]:
-            raise CaseFailure(f"after {call}: {got_free} free blocks, expected {right['free']}; {_history(done)}")
+            raise CaseFailure(
+                f"after {call}: {got_free} free blocks, expected {right['free']}; {_history(done)}"
+            )
         if got_refs != right["refcounts"]:
-            raise CaseFailure(f"after {call}: refcounts along the block tables {got_refs}, expected "
-                              f"{right['refcounts']}; {_history(done)}")
-        done.append(f"step {step} {_call_text(op)} -> {got!r}, {got_free} free blocks, refcounts {got_refs}")
+            raise CaseFailure(
+                f"after {call}: refcounts along the block tables {got_refs}, expected "
+                f"{right['refcounts']}; {_history(done)}"
+            )
+        done.append(
+            f"step {step} {_call_text(op)} -> {got!r}, {got_free} free blocks, refcounts {got_refs}"
+        )
 
 
 def check_block_allocator(allocator_cls: Callable[[int, int], object], verbose: bool = True,
                           seed: int | None = None) -> CheckResult:
-    """Run the allocator scenarios (public, or the hidden ones of ``seed``) against the expected steps."""
+    """Run the allocator scenarios (public, or the hidden ones of ``seed``) against the expected
+    steps."""
     cases = [
-        Case(rule, lambda n=n, bs=bs, ops=ops, e=expected: _run_scenario(allocator_cls, n, bs, ops, e), points)
+        Case(
+            rule,
+            lambda n=n, bs=bs, ops=ops, e=expected: _run_scenario(allocator_cls, n, bs, ops, e),
+            points,
+        )
         for (rule, n, bs, ops, points), expected in _table(seed)
     ]
     return run_cases("block allocator", cases, verbose)
@@ -162,5 +185,8 @@ def check_block_allocator(allocator_cls: Callable[[int, int], object], verbose: 
 def worked_example() -> str:
     """The first public scenario: what a correct allocator returns, step by step."""
     (_, n, _, ops, _), expected = _table(None)[0]
-    return "\n".join(f"{_call_text(op)} -> table of {count(right['result'], 'block')}; {right['free']} of {n} blocks free"
-                     for op, right in zip(ops, expected))
+    return "\n".join(
+        f"{_call_text(op)} -> table of {count(right['result'], 'block')}; {right['free']} "
+        f"of {n} blocks free"
+        for op, right in zip(ops, expected)
+    )

@@ -1,8 +1,8 @@
 """Cases, results and the case runner shared by every exercise checker.
 
 A checker runs hidden :class:`Case` objects against a student's function or class. Each case is
-titled by the *rule* it tests ("a shared block returns only with its last holder"), is worth a number
-of points, and compares the student's answer with the reference; on a difference it raises
+titled by the *rule* it tests ("a shared block returns only with its last holder"), is worth a
+number of points, and compares the student's answer with the reference; on a difference it raises
 :class:`CaseFailure` with a sentence saying what went in, what came out, what was expected and, for
 a multi-step case, the steps that led there. The runner turns that into a :class:`CheckResult`,
 prints a short report, and never raises itself: a student stub that still raises
@@ -19,12 +19,15 @@ from dataclasses import dataclass
 
 __all__ = ["Case", "CaseFailure", "CaseResult", "CheckResult", "observing_cases", "run_cases"]
 
-_OBSERVER: ContextVar[Callable[[str], None] | None] = ContextVar("servelab_case_observer", default=None)
+_OBSERVER: ContextVar[Callable[[str], None] | None] = ContextVar(
+    "servelab_case_observer", default=None
+)
 
 
 @contextmanager
 def observing_cases(callback: Callable[[str], None]) -> Iterator[None]:
-    """Call ``callback(rule)`` before each case that :func:`run_cases` runs in this context (the grader's
+    """Call ``callback(rule)`` before each case that :func:`run_cases` runs in this context (the
+    grader's
     hook: it starts a fresh call log and time budget per case)."""
     token = _OBSERVER.set(callback)
     try:
@@ -47,7 +50,8 @@ class CaseFailure(AssertionError):
 
 @dataclass(frozen=True)
 class Case:
-    """One hidden case: ``rule`` is its title (the rule it tests), ``run`` raises on a wrong answer."""
+    """One hidden case: ``rule`` is its title (the rule it tests), ``run`` raises on a wrong
+    answer."""
 
     rule: str
     run: Callable[[], None]
@@ -75,8 +79,9 @@ class CheckResult:
     """Outcome of one checker run.
 
     ``passed`` is True only when the submission is implemented and every case passed.
-    ``not_implemented`` is True when the submission raised ``NotImplementedError`` (the stub as shipped);
-    ``cases`` then lists every case with 0 points, so a grade sheet still shows what was possible.
+    ``not_implemented`` is True when the submission raised ``NotImplementedError`` (the stub as
+    shipped); ``cases`` then lists every case with 0 points, so a grade sheet still shows what was
+    possible.
     """
 
     exercise: str
@@ -101,16 +106,25 @@ class CheckResult:
         return sum(c.max_points for c in self.cases)
 
     def report(self) -> str:
-        """A few lines a student can act on: one per case (rule, points, what went wrong), then a summary."""
+        """A few lines a student can act on: one per case (rule, points, what went wrong), then a
+        summary."""
         if self.not_implemented:
             return (f"{self.exercise}: not implemented yet (the stub raises NotImplementedError); "
                     f"0 of {self.max_points} points.")
         lines = []
         for c in self.cases:
-            lines.append(f"  {'ok  ' if c.passed else 'FAIL'} [{c.points}/{c.max_points}] rule: {c.name}")
+            lines.append(
+                f"  {'ok  ' if c.passed else 'FAIL'} [{c.points}/{c.max_points}] rule: {c.name}"
+            )
             lines += [f"         {line}" for line in c.detail.splitlines()]
-        verdict = "all cases passed" if self.passed else f"{len(self.failures)} of {len(self.cases)} cases failed"
-        return "\n".join([f"{self.exercise}: {verdict}; {self.points} of {self.max_points} points", *lines])
+        verdict = (
+            "all cases passed"
+            if self.passed
+            else f"{len(self.failures)} of {len(self.cases)} cases failed"
+        )
+        return "\n".join(
+            [f"{self.exercise}: {verdict}; {self.points} of {self.max_points} points", *lines]
+        )
 
     def __str__(self) -> str:
         return self.report()
@@ -138,7 +152,9 @@ def run_cases(exercise: str, cases: Sequence[Case], verbose: bool = True) -> Che
             observer(case.rule)
         outcome = _outcome(case)
         if outcome is None:
-            unscored = tuple(CaseResult(c.rule, False, "not implemented yet", c.points) for c in cases)
+            unscored = tuple(
+                CaseResult(c.rule, False, "not implemented yet", c.points) for c in cases
+            )
             result = CheckResult(exercise, unscored, not_implemented=True)
             break
         results.append(outcome)

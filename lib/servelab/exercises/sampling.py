@@ -1,6 +1,7 @@
 """Checkers for the sampling exercises: top-p and min-p.
 
-Student signatures (probabilities in, renormalised probabilities out, exact zeros outside the kept set)::
+Student signatures (probabilities in, renormalised probabilities out, exact zeros outside the kept
+set)::
 
     def top_p(probs: np.ndarray, p: float) -> np.ndarray: ...
     def min_p(probs: np.ndarray, alpha: float) -> np.ndarray: ...
@@ -61,7 +62,9 @@ def _support(probs: np.ndarray) -> list[int]:
     return [int(i) for i in np.flatnonzero(probs > 0)]
 
 
-def _compare(name: str, fn: Filter, reference: Filter, probs: list[float], arg: str, value: float) -> None:
+def _compare(
+    name: str, fn: Filter, reference: Filter, probs: list[float], arg: str, value: float
+) -> None:
     """Raise CaseFailure when ``fn`` keeps a different set or returns unnormalised probabilities."""
     given = np.array(probs, dtype=float)
     expected = reference(given.copy(), value)
@@ -79,7 +82,8 @@ def _compare(name: str, fn: Filter, reference: Filter, probs: list[float], arg: 
 
 
 def check_top_p(top_p: Filter, verbose: bool = True, seed: int | None = None) -> CheckResult:
-    """Run the top-p cases (public, or the hidden ones of ``seed``) against ``servelab.sampling.top_p_filter``."""
+    """Run the top-p cases (public, or the hidden ones of ``seed``) against
+    ``servelab.sampling.top_p_filter``."""
     table = TOP_P_CASES if seed is None else hidden_cases(TOP_P_CASES, seed, "top_p")
     cases = [
         Case(rule, lambda probs=probs, p=p: _compare("top_p", top_p, top_p_filter, probs, "p", p))
@@ -89,10 +93,13 @@ def check_top_p(top_p: Filter, verbose: bool = True, seed: int | None = None) ->
 
 
 def check_min_p(min_p: Filter, verbose: bool = True, seed: int | None = None) -> CheckResult:
-    """Run the min-p cases (public, or the hidden ones of ``seed``) against ``servelab.sampling.min_p_filter``."""
+    """Run the min-p cases (public, or the hidden ones of ``seed``) against
+    ``servelab.sampling.min_p_filter``."""
     table = MIN_P_CASES if seed is None else hidden_cases(MIN_P_CASES, seed, "min_p")
     cases = [
-        Case(rule, lambda probs=probs, a=a: _compare("min_p", min_p, min_p_filter, probs, "alpha", a))
+        Case(
+            rule, lambda probs=probs, a=a: _compare("min_p", min_p, min_p_filter, probs, "alpha", a)
+        )
         for rule, probs, a in table
     ]
     return run_cases("min-p", cases, verbose)

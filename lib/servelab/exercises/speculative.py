@@ -6,8 +6,9 @@ Student signatures (probability vectors over one vocabulary in, a probability or
     def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray: ...
 
 ``p`` is the target's distribution, ``q`` the draft's, ``token`` a draft token drawn from ``q``. The
-reference is ``servelab.optimizations.speculative`` (``acceptance_probability``, ``residual_distribution``); the
-public cases' expected values are committed data (:mod:`servelab.exercises.expected`).
+reference is ``servelab.optimizations.speculative`` (``acceptance_probability``,
+``residual_distribution``); the public cases' expected values are committed data
+(:mod:`servelab.exercises.expected`).
 
 Exactness is checked by enumeration, not by sampling: for every pair ``(p, q)`` of a case the
 checker builds the distribution of the emitted token from the student's two functions,
@@ -58,8 +59,8 @@ SPEC_CASES = (
 
 
 def hidden_cases(seed: int) -> tuple:
-    """The public rules with each pair's vocabulary permuted (the same permutation for p and q) and the
-    random pairs drawn from seeds of ``seed``."""
+    """The public rules with each pair's vocabulary permuted (the same permutation for p and q) and
+    the random pairs drawn from seeds of ``seed``."""
     rng = hidden_rng(seed, "speculative")
     cases = []
     for index, (rule, pairs, points) in enumerate(SPEC_CASES):
@@ -96,7 +97,9 @@ def _table(seed: int | None) -> list[tuple]:
     return paired("speculative", cases, values)
 
 
-def _accept_vector(accept: Accept, p: np.ndarray, q: np.ndarray, expected: list[float] | None = None) -> np.ndarray:
+def _accept_vector(
+    accept: Accept, p: np.ndarray, q: np.ndarray, expected: list[float] | None = None
+) -> np.ndarray:
     """The student's acceptance probability for every token the draft can propose (0 where q = 0); a
     value that is not a probability fails, naming the right one when ``expected`` is given."""
     out = np.zeros_like(p)
@@ -104,8 +107,10 @@ def _accept_vector(accept: Accept, p: np.ndarray, q: np.ndarray, expected: list[
         value = float(accept(p.copy(), q.copy(), int(x)))
         if not 0.0 <= value <= 1.0:
             right = f"; expected {expected[x]:.4f}" if expected is not None else ""
-            raise CaseFailure(f"accept_probability(p={_r(p)}, q={_r(q)}, token={x}) returned {value:.4f}, "
-                              f"which is not a probability{right}")
+            raise CaseFailure(
+                f"accept_probability(p={_r(p)}, q={_r(q)}, token={x}) returned {value:.4f}, "
+                f"which is not a probability{right}"
+            )
         out[x] = value
     return out
 
@@ -113,7 +118,8 @@ def _accept_vector(accept: Accept, p: np.ndarray, q: np.ndarray, expected: list[
 def output_distribution_of(accept: Accept, residual: Residual, p: np.ndarray, q: np.ndarray,
                            expected_accept: list[float] | None = None) -> np.ndarray:
     """The exact distribution of one emitted token under a given accept/correct pair, by enumeration
-    (``expected_accept``, when given, is named if ``accept`` returns something that is not a probability)."""
+    (``expected_accept``, when given, is named if ``accept`` returns something that is not a
+    probability)."""
     a = _accept_vector(accept, p, q, expected_accept)
     kept = q * a
     reject = 1.0 - kept.sum()
@@ -126,40 +132,53 @@ def _r(v: np.ndarray | list[float]) -> list[float]:
     return [round(float(x), 4) for x in v]
 
 
-def _exact(accept: Accept, residual: Residual, p_list: list[float], q_list: list[float], expected: dict) -> None:
+def _exact(
+    accept: Accept, residual: Residual, p_list: list[float], q_list: list[float], expected: dict
+) -> None:
     p, q = np.array(p_list), np.array(q_list)
     drafted = np.flatnonzero(q > 0)
     a_ref = _r(np.array(expected["accept"])[drafted])
     a_got = _r(_accept_vector(accept, p, q, expected["accept"])[drafted])
-    steps = f"\nsteps: drafted tokens {drafted.tolist()}, accept probabilities {a_got} (expected {a_ref})"
+    steps = (
+        f"\nsteps: drafted tokens {drafted.tolist()}, accept probabilities {a_got} (expected "
+        f"{a_ref})"
+    )
     out = output_distribution_of(accept, residual, p, q, expected["accept"])
     if out.shape != p.shape or not np.allclose(out, p, atol=1e-9):
         reject = 1.0 - float((q * _accept_vector(accept, p, q, expected["accept"])).sum())
         if reject > 1e-12:
             r_got = _r(np.asarray(residual(p.copy(), q.copy()), dtype=float))
-            steps += f", P(reject) = {reject:.4f}, residual {r_got} (expected {_r(expected['residual'])})"
+            steps += (
+                f", P(reject) = {reject:.4f}, residual {r_got} (expected "
+                f"{_r(expected['residual'])})"
+            )
         raise CaseFailure(f"p={_r(p)}, q={_r(q)}: the emitted token is distributed as {_r(out)}, "
                           f"expected p = {_r(p)}{steps}")
 
 
 def _accept_only(accept: Accept, p_list: list[float], q_list: list[float], expected: dict) -> None:
-    """The first rule on its own: every drafted token's acceptance probability, before any enumeration."""
+    """The first rule on its own: every drafted token's acceptance probability, before any
+    enumeration."""
     p, q = np.array(p_list), np.array(q_list)
     got, right = _r(_accept_vector(accept, p, q, expected["accept"])), _r(expected["accept"])
     if got != right:
-        raise CaseFailure(f"p={_r(p)}, q={_r(q)}: accept probabilities for tokens 0..{p.size - 1} {got}, "
-                          f"expected {right}")
+        raise CaseFailure(
+            f"p={_r(p)}, q={_r(q)}: accept probabilities for tokens 0..{p.size - 1} {got}, "
+            f"expected {right}"
+        )
 
 
-def _case(accept: Accept, residual: Residual, pairs: list, expected: list[dict], accept_only: bool) -> None:
+def _case(
+    accept: Accept, residual: Residual, pairs: list, expected: list[dict], accept_only: bool
+) -> None:
     for (p, q), right in zip(pairs, expected, strict=True):
         _accept_only(accept, p, q, right) if accept_only else _exact(accept, residual, p, q, right)
 
 
 def check_speculative(accept_probability: Accept, residual: Residual, verbose: bool = True,
                       seed: int | None = None) -> CheckResult:
-    """Run the accept/correct cases (public, or the hidden ones of ``seed``): the accept rule alone, then
-    exactness by enumeration."""
+    """Run the accept/correct cases (public, or the hidden ones of ``seed``): the accept rule alone,
+    then exactness by enumeration."""
     cases = [Case(rule, lambda pairs=pairs, e=expected, first=i == 0:
                   _case(accept_probability, residual, pairs, e, first), points)
              for i, ((rule, pairs, points), expected) in enumerate(_table(seed))]
@@ -167,7 +186,8 @@ def check_speculative(accept_probability: Accept, residual: Residual, verbose: b
 
 
 def worked_example() -> str:
-    """The first public case: the accept probabilities, the residual and the output a correct pair gives."""
+    """The first public case: the accept probabilities, the residual and the output a correct pair
+    gives."""
     (_, ((p_list, q_list), *_), _), (expected, *_) = _table(None)[0]
     p, q = np.array(p_list), np.array(q_list)
     out = output_distribution_of(lambda p, q, token: expected["accept"][token],

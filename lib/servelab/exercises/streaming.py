@@ -8,8 +8,9 @@ Student interface (a class)::
         def flush(self) -> str: ...              # end of generation: release what is still held
 
 When a stop string completes, ``push`` returns the text before it and the stream ends (the stop
-string and anything after it are never sent). The reference is ``servelab.sampling.stop_strings.StopStringBuffer``;
-each case feeds the same chunks to both and compares what comes out after every push.
+string and anything after it are never sent). The reference is
+``servelab.sampling.stop_strings.StopStringBuffer``; each case feeds the same chunks to both and
+compares what comes out after every push.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ STOP_CASES = (
 
 
 def hidden_cases(seed: int) -> tuple:
-    """The public rules with every letter renamed by one seeded bijection (``</s>`` may become ``</q>``).
+    """The public rules with every letter renamed by one seeded bijection (``</s>`` may become
+    ``</q>``).
 
     A renaming keeps every overlap between the text and the stop strings, so each rule still holds.
     """
@@ -48,8 +50,11 @@ def hidden_cases(seed: int) -> tuple:
                  for rule, stops, chunks in STOP_CASES)
 
 
-def _run_case(buffer_cls: Callable[[list[str]], object], stops: list[str], chunks: Sequence[str]) -> None:
-    """Feed ``chunks`` to the student's buffer and the reference; raise CaseFailure at the first difference."""
+def _run_case(
+    buffer_cls: Callable[[list[str]], object], stops: list[str], chunks: Sequence[str]
+) -> None:
+    """Feed ``chunks`` to the student's buffer and the reference; raise CaseFailure at the first
+    difference."""
     reference = StopStringBuffer(stops)
     student = buffer_cls(list(stops))
     sent, done = "", []
@@ -64,8 +69,10 @@ def _run_case(buffer_cls: Callable[[list[str]], object], stops: list[str], chunk
             return
     expected, got = reference.flush(), student.flush()
     if got != expected:
-        raise CaseFailure(f"stops={stops}: flush() returned {got!r} after sending {sent!r}, expected {expected!r}"
-                          + _pushes(done))
+        raise CaseFailure(
+            f"stops={stops}: flush() returned {got!r} after sending {sent!r}, expected {expected!r}"
+            + _pushes(done)
+        )
 
 
 def _pushes(done: list[str]) -> str:
@@ -73,17 +80,27 @@ def _pushes(done: list[str]) -> str:
 
 
 def _explain(stops: list[str], sent: str, chunk: str, expected: str, got: object) -> str:
-    where = f"stops={stops}, after sending {sent!r}, push({chunk!r}) returned {got!r}, expected {expected!r}"
+    where = (
+        f"stops={stops}, after sending {sent!r}, push({chunk!r}) returned {got!r}, expected "
+        f"{expected!r}"
+    )
     if isinstance(got, str) and got.startswith(expected) and len(got) > len(expected):
-        return f"{where}: it leaked {got[len(expected):]!r}, which may still be the start of a stop string"
+        return (
+            f"{where}: it leaked {got[len(expected) :]!r}, which may still be the start of a "
+            f"stop string"
+        )
     if isinstance(got, str) and expected.startswith(got):
-        return f"{where}: it held back {expected[len(got):]!r}, which can no longer start a stop string"
+        return (
+            f"{where}: it held back {expected[len(got) :]!r}, which can no longer start a stop "
+            f"string"
+        )
     return where
 
 
 def check_stop_buffer(buffer_cls: Callable[[list[str]], object], verbose: bool = True,
                       seed: int | None = None) -> CheckResult:
-    """Run the streaming cases (public, or the hidden ones of ``seed``) against ``StopStringBuffer``."""
+    """Run the streaming cases (public, or the hidden ones of ``seed``) against
+    ``StopStringBuffer``."""
     table = STOP_CASES if seed is None else hidden_cases(seed)
     cases = [
         Case(rule, lambda stops=stops, chunks=chunks: _run_case(buffer_cls, stops, chunks))

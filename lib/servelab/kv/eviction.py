@@ -26,7 +26,8 @@ __all__ = ["EvictedPrefixAttention", "evicted_logits", "evicted_greedy", "first_
 
 
 class EvictedPrefixAttention:
-    """Causal attention where queries at ``first_query`` and later cannot see the first ``dropped`` keys.
+    """Causal attention where queries at ``first_query`` and later cannot see the first ``dropped``
+    keys.
 
     Called by every decoder layer with ``q`` ``[batch, seq, heads, d]`` and ``k``, ``v``
     ``[batch, seq, kv_heads, d]`` (grouped-query attention); returns ``[batch, seq, heads, d]``.
@@ -36,12 +37,16 @@ class EvictedPrefixAttention:
         self.dropped = require_int("dropped", dropped, minimum=0)
         self.first_query = require_int("first_query", first_query, minimum=0)
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # [batch, heads, seq, d]
         n = q.shape[-2]
         if self.first_query < n and self.dropped > self.first_query:
-            raise ValueError(f"dropped must be <= first_query = {self.first_query} (a query must see itself), "
-                             f"got {self.dropped}")
+            raise ValueError(
+                f"dropped must be <= first_query = {self.first_query} (a query must see itself), "
+                f"got {self.dropped}"
+            )
         allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         allowed[self.first_query:, :self.dropped] = False
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
@@ -53,14 +58,18 @@ def _ids(model: LlamaForCausalLM, prompt_ids: Sequence[int]) -> list[int]:
         raise TypeError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
     ids = [int(t) for t in prompt_ids]
     if len(ids) < 2 or not all(0 <= t < model.config.vocab_size for t in ids):
-        raise ValueError(f"prompt_ids must hold >= 2 token ids in [0, {model.config.vocab_size - 1}]")
+        raise ValueError(
+            f"prompt_ids must hold >= 2 token ids in [0, {model.config.vocab_size - 1}]"
+        )
     return ids
 
 
 @torch.inference_mode()
-def evicted_logits(model: LlamaForCausalLM, ids: Sequence[int], dropped: int, first_query: int) -> torch.Tensor:
-    """Float32 next-token logits ``[vocab]`` after ``ids`` when queries from ``first_query`` on cannot see
-    the first ``dropped`` positions."""
+def evicted_logits(
+    model: LlamaForCausalLM, ids: Sequence[int], dropped: int, first_query: int
+) -> torch.Tensor:
+    """Float32 next-token logits ``[vocab]`` after ``ids`` when queries from ``first_query`` on
+    cannot see the first ``dropped`` positions."""
     device = model.lm_head.weight.device
     x = torch.tensor([list(ids)], device=device)
     positions = torch.arange(x.shape[1], device=device)[None]
@@ -70,7 +79,8 @@ def evicted_logits(model: LlamaForCausalLM, ids: Sequence[int], dropped: int, fi
 
 def evicted_greedy(model: LlamaForCausalLM, prompt_ids: Sequence[int], dropped: int,
                    max_new_tokens: int) -> list[int]:
-    """Greedy continuation of ``prompt_ids`` after the KV of its first ``dropped`` tokens was evicted.
+    """Greedy continuation of ``prompt_ids`` after the KV of its first ``dropped`` tokens was
+    evicted.
 
     The prompt's last token is the first query that runs after the eviction; every generated token
     is a later query, so none of them sees the dropped positions. ``dropped=0`` is plain greedy
@@ -86,6 +96,6 @@ def evicted_greedy(model: LlamaForCausalLM, prompt_ids: Sequence[int], dropped: 
 
 
 def first_difference(reference: Sequence[int], other: Sequence[int]) -> int | None:
-    """Index of the first position where two token sequences differ (``None`` if they agree where both
-    have tokens)."""
+    """Index of the first position where two token sequences differ (``None`` if they agree where
+    both have tokens)."""
     return next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)

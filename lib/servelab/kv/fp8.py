@@ -53,7 +53,8 @@ def fp8_round_trip(x: torch.Tensor, scale: float | None = None) -> torch.Tensor:
 
 
 def fp8_relative_error(x: torch.Tensor) -> float:
-    """RMS of ``fp8_round_trip(x) - x`` over the RMS of ``x`` (0 for an all-zero tensor); no unit."""
+    """RMS of ``fp8_round_trip(x) - x`` over the RMS of ``x`` (0 for an all-zero tensor); no
+    unit."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
         raise ValueError("x must be a non-empty floating-point torch.Tensor")
     if not torch.isfinite(x).all():

@@ -2,12 +2,12 @@
 beats recomputing it.
 
 A prefix or a preempted request's KV can be kept in device memory (HBM), host memory (CPU DRAM over
-PCIe), a local SSD, or a remote store over the network. Bringing ``n`` tokens back costs
-``latency + n x m_token / bandwidth``; recomputing them is a prefill, ``2 P n`` FLOPs at the
-device's achieved FLOP/s (the course's arithmetic; attention's quadratic term is left out, which
-understates recompute's cost for long contexts). Per token, loading beats recompute when the tier's bandwidth exceeds
-``m_token x achieved FLOP/s / (2 P)`` (:func:`reload_breakeven_bandwidth`), independent of ``n``
-once the latency is paid.
+PCIe), a local SSD, or a remote store over the network. Bringing ``n`` tokens back costs ``latency +
+n x m_token / bandwidth``; recomputing them is a prefill, ``2 P n`` FLOPs at the device's achieved
+FLOP/s (the course's arithmetic; attention's quadratic term is left out, which understates
+recompute's cost for long contexts). Per token, loading beats recompute when the tier's bandwidth
+exceeds ``m_token x achieved FLOP/s / (2 P)`` (:func:`reload_breakeven_bandwidth`), independent of
+``n`` once the latency is paid.
 
 System boundary: one request, one link, no overlap with compute, nominal bandwidths and latencies
 stated by the caller (:data:`GPU_HBM` and :data:`OFFLOAD_TIERS` hold round figures for one

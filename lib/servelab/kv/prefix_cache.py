@@ -1,4 +1,5 @@
-"""Prefix-cache keys, and how much of a prompt a prefix cache can reuse: block hashing against a radix tree.
+"""Prefix-cache keys, and how much of a prompt a prefix cache can reuse: block hashing against a
+radix tree.
 
 :func:`prefix_block_key` is the content key of one full KV block, the key the course's
 ``BlockAllocator`` indexes its prefix cache by; :func:`full_block_keys` chains it over a sequence.
@@ -24,11 +25,21 @@ from collections.abc import Mapping, Sequence
 
 from servelab._validate import require_indices, require_int, require_type
 
-__all__ = ["prefix_block_key", "full_block_keys", "match_blocks", "block_hash_keys", "block_hash_reuse", "radix_reuse"]
+__all__ = [
+    "prefix_block_key",
+    "full_block_keys",
+    "match_blocks",
+    "block_hash_keys",
+    "block_hash_reuse",
+    "radix_reuse",
+]
 
 
-def prefix_block_key(parent_key: bytes | None, block_tokens: Sequence[int], namespace: str = "") -> bytes:
-    """Content key of one full KV block: a SHA-256 chain over namespace, parent key and the block's tokens.
+def prefix_block_key(
+    parent_key: bytes | None, block_tokens: Sequence[int], namespace: str = ""
+) -> bytes:
+    """Content key of one full KV block: a SHA-256 chain over namespace, parent key and the block's
+    tokens.
 
     Two blocks get the same key exactly when their whole token prefix (every earlier block and this
     one) is identical *and* the namespace matches, because the parent key already encodes everything
@@ -40,13 +51,15 @@ def prefix_block_key(parent_key: bytes | None, block_tokens: Sequence[int], name
     require_type("namespace", namespace, str)
     tokens = require_indices("block_tokens", block_tokens, 0, allow_empty=False)
     parent = parent_key if parent_key is not None else b"<root>"
-    payload = b"\x00".join((namespace.encode("utf-8"), parent, ",".join(map(str, tokens)).encode("ascii")))
+    payload = b"\x00".join(
+        (namespace.encode("utf-8"), parent, ",".join(map(str, tokens)).encode("ascii"))
+    )
     return hashlib.sha256(payload).digest()
 
 
 def full_block_keys(tokens: Sequence[int], block_size: int, namespace: str = "") -> list[bytes]:
-    """Chain keys (:func:`prefix_block_key`) of every *full* block of ``tokens``, the keys the prefix
-    cache indexes; a partial tail block gets no key."""
+    """Chain keys (:func:`prefix_block_key`) of every *full* block of ``tokens``, the keys the
+    prefix cache indexes; a partial tail block gets no key."""
     keys: list[bytes] = []
     parent: bytes | None = None
     for start in range(0, len(tokens) - block_size + 1, block_size):
@@ -55,9 +68,11 @@ def full_block_keys(tokens: Sequence[int], block_size: int, namespace: str = "")
     return keys
 
 
-def match_blocks(cache: Mapping[bytes, int], tokens: Sequence[int], block_size: int, namespace: str = "") -> list[int]:
-    """Physical blocks of the longest run of leading full blocks of ``tokens`` whose chain keys are in
-    ``cache`` (key -> block), stopping at the first miss: a block-hash prefix-cache lookup."""
+def match_blocks(
+    cache: Mapping[bytes, int], tokens: Sequence[int], block_size: int, namespace: str = ""
+) -> list[int]:
+    """Physical blocks of the longest run of leading full blocks of ``tokens`` whose chain keys are
+    in ``cache`` (key -> block), stopping at the first miss: a block-hash prefix-cache lookup."""
     matched: list[int] = []
     parent: bytes | None = None
     for start in range(0, len(tokens) - block_size + 1, block_size):
@@ -70,19 +85,23 @@ def match_blocks(cache: Mapping[bytes, int], tokens: Sequence[int], block_size: 
 
 
 def _tokens(name: str, ids: Sequence[int]) -> tuple[int, ...]:
-    if isinstance(ids, (str, bytes)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+    if isinstance(ids, (str, bytes)) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in ids
+    ):
         raise ValueError(f"{name} must be a sequence of int token ids")
     return tuple(ids)
 
 
 def block_hash_keys(ids: Sequence[int], block_size: int) -> list[bytes]:
-    """One chained key per *full* block of ``ids``, ``key_i = hash(key_{i-1}, tokens of block i)``: the
-    engine's own prefix-cache keys (:func:`full_block_keys`)."""
+    """One chained key per *full* block of ``ids``, ``key_i = hash(key_{i-1}, tokens of block i)``:
+    the engine's own prefix-cache keys (:func:`full_block_keys`)."""
     require_int("block_size", block_size, minimum=1)
     return full_block_keys(_tokens("ids", ids), block_size)
 
 
-def block_hash_reuse(cached: Sequence[Sequence[int]], prompt: Sequence[int], block_size: int) -> int:
+def block_hash_reuse(
+    cached: Sequence[Sequence[int]], prompt: Sequence[int], block_size: int
+) -> int:
     """Prompt tokens a block-hash cache holding ``cached`` sequences can reuse (a multiple of
     ``block_size``): full blocks whose chained key is in the index, up to the first miss."""
     index = {key for seq in cached for key in block_hash_keys(seq, block_size)}
@@ -95,8 +114,9 @@ def block_hash_reuse(cached: Sequence[Sequence[int]], prompt: Sequence[int], blo
 
 
 def radix_reuse(cached: Sequence[Sequence[int]], prompt: Sequence[int]) -> int:
-    """Prompt tokens a radix-tree cache holding ``cached`` sequences can reuse: follow the prompt token
-    by token through a trie of the cached sequences (the longest common prefix with any of them)."""
+    """Prompt tokens a radix-tree cache holding ``cached`` sequences can reuse: follow the prompt
+    token by token through a trie of the cached sequences (the longest common prefix with any of
+    them)."""
     root: dict[int, dict] = {}
     for seq in cached:
         node = root

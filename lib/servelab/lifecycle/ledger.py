@@ -1,9 +1,9 @@
-"""The terminal records of requests: one ``Usage`` (token counts) and one ``TerminalRecord`` per request,
-kept in a bounded, thread-safe ``Ledger``.
+"""The terminal records of requests: one ``Usage`` (token counts) and one ``TerminalRecord`` per
+request, kept in a bounded, thread-safe ``Ledger``.
 
-``servelab.lifecycle.state_machine.reclaim`` (the §0 model) and ``LLMEngine`` (which writes one record per request as
-it releases it) both append here. System boundary: bookkeeping only; times are seconds on the caller's
-clock, counts are tokens or blocks as named.
+``servelab.lifecycle.state_machine.reclaim`` (the §0 model) and ``LLMEngine`` (which writes one
+record per request as it releases it) both append here. System boundary: bookkeeping only; times are
+seconds on the caller's clock, counts are tokens or blocks as named.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from servelab.lifecycle.states import RequestState
 __all__ = ["Usage", "TerminalRecord", "LedgerTotals", "Ledger"]
 
 
-_USAGE_FIELDS = ("prompt_tokens", "generated_tokens", "emitted_tokens", "cached_prompt_tokens")  # summed
+# summed
+_USAGE_FIELDS = ("prompt_tokens", "generated_tokens", "emitted_tokens", "cached_prompt_tokens")
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,12 @@ class Usage:
     """Token counts of one request (tokens): the billing record, and the engine's per-output totals.
 
     ``generated_tokens`` were sampled; ``emitted_tokens`` reached the client. They differ when text
-    after a stop string is discarded or a stream is cut (an EOS token, tokens inside or after a matched
-    stop string, text held back when a request is cancelled), so a record states both.
-    ``cached_prompt_tokens``: prompt tokens a prefix-cache hit supplied. ``committed_tokens``: tokens
-    whose KV the cache holds for the request (prompt + generated - 1 in steady decode; 0 after a
-    preemption by recompute until it is prefilled again; at the end, what it held just before release).
+    after a stop string is discarded or a stream is cut (an EOS token, tokens inside or after a
+    matched stop string, text held back when a request is cancelled), so a record states both.
+    ``cached_prompt_tokens``: prompt tokens a prefix-cache hit supplied. ``committed_tokens``:
+    tokens whose KV the cache holds for the request (prompt + generated - 1 in steady decode; 0
+    after a preemption by recompute until it is prefilled again; at the end, what it held just
+    before release).
     """
 
     prompt_tokens: int = 0
@@ -74,8 +76,8 @@ class LedgerTotals:
     """Exact totals over every terminal record a :class:`Ledger` was given, kept or dropped.
 
     ``requests``: records appended; ``by_state``: of those, per terminal state. The token fields sum
-    each record's ``Usage`` (tokens); ``blocks_freed``, ``reservation_released`` and ``swap_released``
-    (blocks) and ``slots_released`` (batch slots) sum what the cleanups released.
+    each record's ``Usage`` (tokens); ``blocks_freed``, ``reservation_released`` and
+    ``swap_released`` (blocks) and ``slots_released`` (batch slots) sum what the cleanups released.
     """
 
     requests: int
@@ -95,11 +97,11 @@ class Ledger:
     ``max_records`` records (a ``deque``) for inspection, and exact running totals (:meth:`totals`)
     over every record ever appended.
 
-    Duplicate-id guarantee: :meth:`append` refuses a record whose ``request_id`` already has one among
-    the kept (last ``max_records``) records. An id whose record has left the window is forgotten: it may
-    be appended again, and :meth:`has` / :meth:`get` no longer know it. (``LLMEngine`` refuses a new
-    request whose id is live or in this window; ``max_records=0`` keeps no record and checks nothing.)
-    Memory is O(``max_records``), whatever the number of requests.
+    Duplicate-id guarantee: :meth:`append` refuses a record whose ``request_id`` already has one
+    among the kept (last ``max_records``) records. An id whose record has left the window is
+    forgotten: it may be appended again, and :meth:`has` / :meth:`get` no longer know it.
+    (``LLMEngine`` refuses a new request whose id is live or in this window; ``max_records=0`` keeps
+    no record and checks nothing.) Memory is O(``max_records``), whatever the number of requests.
     """
 
     def __init__(self, max_records: int = 10_000) -> None:
@@ -116,7 +118,8 @@ class Ledger:
         return self._records.maxlen
 
     def append(self, record: TerminalRecord) -> None:
-        """Add ``record`` to the totals and the window; ValueError if its request has a kept record."""
+        """Add ``record`` to the totals and the window; ValueError if its request has a kept
+        record."""
         if not isinstance(record, TerminalRecord):
             raise TypeError(f"record must be a TerminalRecord, got {type(record).__name__}")
         with self._lock:

@@ -4,9 +4,9 @@ it from.
 ``EngineConfig.reservation_policy`` names the rule an engine admits by (the behaviour lives in
 ``servelab.engine.admission``). The state table's guard, its hover text in the state diagram and
 every sentence of the book that says what a reservation covers are built from :func:`rule_for` and
-:func:`default_policy`, so the book cannot state the rule two ways. ``tests/test_reservation_rules.py``
-checks each sentence against the policy's behaviour; ``browser_tests/test_html.py`` checks that every
-page states it in these words.
+:func:`default_policy`, so the book cannot state the rule two ways.
+``tests/test_reservation_rules.py`` checks each sentence against the policy's behaviour;
+``browser_tests/test_html.py`` checks that every page states it in these words.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def rule_for(policy: str) -> str:
 
 def default_policy() -> str:
     """The policy a default ``EngineConfig`` admits by, read from the config itself."""
-    from servelab.engine import EngineConfig  # late: servelab.engine imports servelab.lifecycle.state_machine
+    # late: servelab.engine imports servelab.lifecycle.state_machine
+    from servelab.engine import EngineConfig
 
     return EngineConfig().reservation_policy
 

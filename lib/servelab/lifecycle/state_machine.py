@@ -1,18 +1,19 @@
 """The request state machine: states, guarded transitions, and one idempotent reclaim routine.
 
-A serving request is not one forward pass. It passes an ingress gate, is tokenized, is admitted with a
-KV *reservation*, waits, is picked by a scheduler tick (reservation becomes physical blocks), runs
+A serving request is not one forward pass. It passes an ingress gate, is tokenized, is admitted with
+a KV *reservation*, waits, is picked by a scheduler tick (reservation becomes physical blocks), runs
 prefill, samples its first token from the last prefill pass, decodes token by token, and ends. Side
-branches (preemption, swapping, backpressure, cancellation, timeout, failure) can interrupt the running
-stages. Each state says what must hold to enter it (*guard*), which resources the request owns while in
-it (*holds*) and what leaving it requires (*cleanup*).
+branches (preemption, swapping, backpressure, cancellation, timeout, failure) can interrupt the
+running stages. Each state says what must hold to enter it (*guard*), which resources the request
+owns while in it (*holds*) and what leaving it requires (*cleanup*).
 
 ``STATE_TABLE`` and ``TRANSITIONS`` are the single source the book draws its diagram and table from.
 ``RequestLifecycle`` enforces them for one request. Terminal states are entered only through
 ``reclaim``, the one cleanup routine every terminal path shares: it decrefs KV blocks through
 ``BlockAllocator.free`` (a shared block returns to the pool with its last holder), rolls back a
 reservation, releases the batch slot and host swap space, and writes exactly one ``TerminalRecord``.
-A second call (cancel and timeout racing) is a no-op that returns False: the first terminal state wins.
+A second call (cancel and timeout racing) is a no-op that returns False: the first terminal state
+wins.
 
 System boundary: this module keeps bookkeeping only. Times are seconds on whatever clock the caller
 uses; the engine performs the actual KV copies and closes the client stream.
@@ -88,7 +89,8 @@ STATE_TABLE: dict[RequestState, StateInfo] = {
     ),
     RequestState.QUEUED: StateInfo(
         summary="admitted with a KV reservation (bookkeeping); waits for a tick to pick it",
-        guard="scheduler admission passed: KV headroom, max_num_seqs, max_batched_tokens and tenant "
+        guard="scheduler admission passed: KV headroom, max_num_seqs, max_batched_tokens and "
+        "tenant "
         "quota allow it, and its KV reservation under the engine's admission rule succeeded",
         holds=(_R.KV_RESERVATION,),
         cleanup="roll back the reservation (no physical blocks exist)",
@@ -96,7 +98,8 @@ STATE_TABLE: dict[RequestState, StateInfo] = {
     ),
     RequestState.DEGRADED: StateInfo(
         summary="admitted with a reduced allowance and a smaller reservation; waits for a tick",
-        guard="full admission failed but a reduced allowance (fewer samples, shorter output) fits a "
+        guard="full admission failed but a reduced allowance (fewer samples, shorter output) "
+        "fits a "
         "smaller reservation that succeeded",
         holds=(_R.KV_RESERVATION,),
         cleanup="roll back the smaller reservation (no physical blocks exist)",
@@ -104,7 +107,8 @@ STATE_TABLE: dict[RequestState, StateInfo] = {
     ),
     RequestState.PREFILL: StateInfo(
         summary="runnable: picked by a tick, blocks allocated, computing the missed prompt tokens",
-        guard="a scheduler tick picked it: batch slot acquired and physical blocks allocated for the "
+        guard="a scheduler tick picked it: batch slot acquired and physical blocks allocated for "
+        "the "
         "prompt (from its reservation; cached prefix blocks shared)",
         holds=(_R.KV_RESERVATION, _R.KV_BLOCKS, _R.BATCH_SLOT),
         cleanup="decref every KV block, drop the remaining reservation, release the batch slot",
@@ -112,7 +116,8 @@ STATE_TABLE: dict[RequestState, StateInfo] = {
     ),
     RequestState.DECODE: StateInfo(
         summary="first token sampled from the last prefill pass; one new token per step",
-        guard="the last prefill pass computed the last prompt token and the first token was sampled "
+        guard="the last prefill pass computed the last prompt token and the first token was "
+        "sampled "
         "from its logits",
         holds=_RUNNING_HOLDS,
         cleanup=_RUNNING_CLEANUP,
@@ -143,7 +148,8 @@ STATE_TABLE: dict[RequestState, StateInfo] = {
     ),
     RequestState.FINISHED: StateInfo(
         summary="ended normally: a stop condition fired",
-        guard="a stop condition fired: EOS, stop token or string, max_new_tokens, context limit, or "
+        guard="a stop condition fired: EOS, stop token or string, max_new_tokens, context limit, "
+        "or "
         "a grammar's final state",
         holds=(),
         cleanup=_TERMINAL_CLEANUP,
@@ -232,11 +238,16 @@ class RequestLifecycle:
     backwards. Thread-safe: a lock serialises transitions and reclaim.
     """
 
-    def __init__(self, request_id: Hashable, at: float = 0.0, state: RequestState = RequestState.ARRIVED) -> None:
+    def __init__(
+        self, request_id: Hashable, at: float = 0.0, state: RequestState = RequestState.ARRIVED
+    ) -> None:
         if request_id is None or not isinstance(request_id, Hashable):
             raise TypeError(f"request_id must be a hashable, non-None id, got {request_id!r}")
         if STATE_TABLE[_check_state(state, "state")].terminal:
-            raise ValueError(f"state must be a non-terminal state (a request ends through reclaim), got {state.name}")
+            raise ValueError(
+                f"state must be a non-terminal state (a request ends through reclaim), got "
+                f"{state.name}"
+            )
         self._request_id = request_id
         self._history: list[tuple[RequestState, float]] = [(state, float(require_real("at", at)))]
         self._lock = threading.RLock()
@@ -264,27 +275,31 @@ class RequestLifecycle:
     def transition(self, to: RequestState, at: float) -> None:
         """Move to the non-terminal state ``to`` at time ``at`` (seconds).
 
-        Raises IllegalTransition naming both states when ``TRANSITIONS`` forbids the move or when ``to``
-        is terminal (use ``reclaim``), and ValueError when ``at`` is earlier than the last entry.
+        Raises IllegalTransition naming both states when ``TRANSITIONS`` forbids the move or when
+        ``to`` is terminal (use ``reclaim``), and ValueError when ``at`` is earlier than the last
+        entry.
         """
         to = _check_state(to, "to")
         at = float(require_real("at", at))
         with self._lock:
             if STATE_TABLE[to].terminal and to in TRANSITIONS[self.state]:
                 raise IllegalTransition(
-                    f"{self.state.name} -> {to.name} enters a terminal state: call reclaim() so the "
+                    f"{self.state.name} -> {to.name} enters a terminal state: call "
+                    f"reclaim() so the "
                     "request's resources are released and its terminal record is written"
                 )
             self._check_move(to, at)
             self._history.append((to, at))
 
     def end(self, to: RequestState, at: float, cleanup: Callable[[RequestState], None]) -> bool:
-        """Enter the terminal state ``to`` at ``at`` after ``cleanup(from_state)`` has run, atomically.
+        """Enter the terminal state ``to`` at ``at`` after ``cleanup(from_state)`` has run,
+        atomically.
 
         The one way into a terminal state, used by ``reclaim``: under the lock it checks the move
-        (IllegalTransition / ValueError before anything runs), calls ``cleanup`` with the state being
-        left (it releases resources and writes the terminal record), then records ``to``. Returns False,
-        running nothing, when the request has already ended (a racing cancel and timeout).
+        (IllegalTransition / ValueError before anything runs), calls ``cleanup`` with the state
+        being left (it releases resources and writes the terminal record), then records ``to``.
+        Returns False, running nothing, when the request has already ended (a racing cancel and
+        timeout).
         """
         to = _check_state(to, "to")
         at = float(require_real("at", at))
@@ -298,7 +313,9 @@ class RequestLifecycle:
 
     def _check_move(self, to: RequestState, at: float) -> None:
         if to not in TRANSITIONS[self.state]:
-            allowed = ", ".join(sorted(s.name for s in TRANSITIONS[self.state])) or "none (terminal)"
+            allowed = (
+                ", ".join(sorted(s.name for s in TRANSITIONS[self.state])) or "none (terminal)"
+            )
             raise IllegalTransition(
                 f"illegal transition {self.state.name} -> {to.name} for request "
                 f"{self._request_id!r}; allowed from {self.state.name}: {allowed}"
@@ -343,7 +360,8 @@ class SlotPool:
         return self._held.get(owner, 0)
 
     def acquire(self, owner: Hashable, n: int = 1) -> bool:
-        """Give ``owner`` ``n`` more units; False and no change when fewer than ``n`` are available."""
+        """Give ``owner`` ``n`` more units; False and no change when fewer than ``n`` are
+        available."""
         if owner is None or not isinstance(owner, Hashable):
             raise TypeError(f"owner must be a hashable, non-None id, got {owner!r}")
         require_int("n", n, 1)
@@ -354,7 +372,8 @@ class SlotPool:
             return True
 
     def release(self, owner: Hashable) -> int:
-        """Return every unit ``owner`` holds; returns how many (0 for an unknown or released owner)."""
+        """Return every unit ``owner`` holds; returns how many (0 for an unknown or released
+        owner)."""
         with self._lock:
             return self._held.pop(owner, 0)
 
@@ -374,15 +393,19 @@ def reclaim(
 ) -> bool:
     """End a request: release everything it holds and write its one terminal record.
 
-    The routine shared by FINISHED, CANCELLED, TIMED_OUT, FAILED (and REJECTED, which holds nothing):
+    The routine shared by FINISHED, CANCELLED, TIMED_OUT, FAILED (and REJECTED, which holds
+    nothing):
 
-    1. for every sequence id of the request (a best-of-n request has several), roll back what is left
-       of its KV reservation and decref its blocks through ``allocator.free``; a block shared with a
-       prefix or a sibling returns to the pool only when its last holder frees it. A request still in
-       QUEUED/DEGRADED has a reservation and no blocks, so only the reservation is rolled back;
-    2. release its batch slots (``slots``) and host swap space (``host_swap``), keyed by request id or
-       by any of its ``seq_ids`` (an engine running n samples holds one slot per sample sequence);
-    3. move the lifecycle to ``terminal_state`` at ``at`` and append one ``TerminalRecord`` to ``ledger``.
+    1. for every sequence id of the request (a best-of-n request has several), roll back what is
+       left of its KV reservation and decref its blocks through ``allocator.free``; a block shared
+       with a prefix or a sibling returns to the pool only when its last holder frees it. A request
+       still in QUEUED/DEGRADED has a reservation and no blocks, so only the reservation is rolled
+       back;
+    2. release its batch slots (``slots``) and host swap space (``host_swap``), keyed by request id
+       or by any of its ``seq_ids`` (an engine running n samples holds one slot per sample
+       sequence);
+    3. move the lifecycle to ``terminal_state`` at ``at`` and append one ``TerminalRecord`` to
+       ``ledger``.
 
     Returns True when this call ended the request, False when it had already ended (a racing cancel
     and timeout): then nothing changes and the first terminal state stands. Raises IllegalTransition
@@ -400,10 +423,14 @@ def reclaim(
     if not isinstance(reason, str):
         raise TypeError(f"reason must be a str, got {type(reason).__name__}")
     if allocator is not None and not isinstance(allocator, BlockAllocator):
-        raise TypeError(f"allocator must be a BlockAllocator or None, got {type(allocator).__name__}")
+        raise TypeError(
+            f"allocator must be a BlockAllocator or None, got {type(allocator).__name__}"
+        )
     seq_ids = tuple(seq_ids)
     if seq_ids and allocator is None:
-        raise ValueError("seq_ids were given but allocator is None: pass the allocator that holds them")
+        raise ValueError(
+            "seq_ids were given but allocator is None: pass the allocator that holds them"
+        )
     for name, pool in (("slots", slots), ("host_swap", host_swap)):
         if pool is not None and not isinstance(pool, SlotPool):
             raise TypeError(f"{name} must be a SlotPool or None, got {type(pool).__name__}")
@@ -422,9 +449,19 @@ def reclaim(
         owners = (lifecycle.request_id, *seq_ids)  # a best-of-n engine may key them by sequence
         slot_count = sum(slots.release(o) for o in owners) if slots is not None else 0
         swap_count = sum(host_swap.release(o) for o in owners) if host_swap is not None else 0
-        ledger.append(TerminalRecord(request_id=lifecycle.request_id, state=terminal_state, reason=reason, at=at,
-                                     usage=usage, from_state=from_state, blocks_freed=blocks,
-                                     reservation_released=reserved, slots_released=slot_count,
-                                     swap_released=swap_count))
+        ledger.append(
+            TerminalRecord(
+                request_id=lifecycle.request_id,
+                state=terminal_state,
+                reason=reason,
+                at=at,
+                usage=usage,
+                from_state=from_state,
+                blocks_freed=blocks,
+                reservation_released=reserved,
+                slots_released=slot_count,
+                swap_released=swap_count,
+            )
+        )
 
     return lifecycle.end(terminal_state, at, release_and_record)

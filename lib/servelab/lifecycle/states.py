@@ -16,8 +16,8 @@ __all__ = ["RequestState", "Resource"]
 class RequestState(Enum):
     """Every state a request can be in, from arrival at the server to its one terminal record.
 
-    ``STATE_TABLE[state].summary`` says what each state means. ``RUNNABLE`` is an alias of ``PREFILL``:
-    the scheduler's name for "picked by a tick and physically allocated".
+    ``STATE_TABLE[state].summary`` says what each state means. ``RUNNABLE`` is an alias of
+    ``PREFILL``: the scheduler's name for "picked by a tick and physically allocated".
     """
 
     ARRIVED = "arrived"

@@ -32,22 +32,53 @@ import numpy as np
 from servelab.loadgen.client import RunResult
 from servelab.loadgen.workload import RequestSpec
 
-__all__ = ["PERCENTILE_METRICS", "GOODPUT_METRICS", "DETAILED_FIELDS", "bench_records", "bench_summary",
-           "percentile_key", "summary_text", "parse_percentile_metrics", "parse_metric_percentiles", "parse_goodput"]
+__all__ = [
+    "PERCENTILE_METRICS",
+    "GOODPUT_METRICS",
+    "DETAILED_FIELDS",
+    "bench_records",
+    "bench_summary",
+    "percentile_key",
+    "summary_text",
+    "parse_percentile_metrics",
+    "parse_metric_percentiles",
+    "parse_goodput",
+]
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 # what vLLM drops from the saved result unless --save-detailed
-DETAILED_FIELDS = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors")
+DETAILED_FIELDS = (
+    "input_lens",
+    "output_lens",
+    "start_times",
+    "ttfts",
+    "itls",
+    "generated_texts",
+    "errors",
+)
 
 
 def bench_records(run: RunResult, specs: Sequence[RequestSpec]) -> dict[str, list]:
-    """vLLM's per-request arrays, in request order; a failed request has zeros and its error text."""
+    """vLLM's per-request arrays, in request order; a failed request has zeros and its error
+    text."""
     if not isinstance(run, RunResult):
         raise TypeError("run must be a RunResult")
     prompts = {s.index: s.prompt for s in specs}
-    records: dict[str, list] = {k: [] for k in ("input_lens", "output_lens", "ttfts", "itls", "latencies",
-                                                 "start_times", "queue_times", "generated_texts", "errors")}
+    records: dict[str, list] = {
+        k: []
+        for k in (
+            "input_lens",
+            "output_lens",
+            "ttfts",
+            "itls",
+            "latencies",
+            "start_times",
+            "queue_times",
+            "generated_texts",
+            "errors",
+        )
+    }
     for r in sorted(run.results, key=lambda r: r.index):
         emits = r.emit_s if r.ok else ()
         records["input_lens"].append(r.prompt_tokens if r.prompt_tokens is not None
@@ -78,7 +109,8 @@ def _stats(values: list[float], metric: str, percentiles: Sequence[float]) -> di
 
 
 def _peak_concurrency(starts: list[float], ends: list[float]) -> int:
-    events = sorted([(s, 1) for s in starts] + [(e, -1) for e in ends])  # a departure first on a tie
+    # a departure first on a tie
+    events = sorted([(s, 1) for s in starts] + [(e, -1) for e in ends])
     level = peak = 0
     for _, delta in events:
         level += delta
@@ -98,10 +130,20 @@ def _peak_tokens_per_s(records: Mapping[str, list], ok: list[int]) -> float:
     return float(max(buckets.values()))
 
 
-def bench_summary(records: Mapping[str, list], duration: float, metrics: Sequence[str] = ("ttft", "tpot", "itl"),
-                  percentiles: Sequence[float] = (99.0,), goodput: Mapping[str, float] | None = None) -> dict:
-    """vLLM's summary of one run, computed from :func:`bench_records`' arrays and the run's duration (s)."""
-    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 < duration < math.inf:
+def bench_summary(
+    records: Mapping[str, list],
+    duration: float,
+    metrics: Sequence[str] = ("ttft", "tpot", "itl"),
+    percentiles: Sequence[float] = (99.0,),
+    goodput: Mapping[str, float] | None = None,
+) -> dict:
+    """vLLM's summary of one run, computed from :func:`bench_records`' arrays and the run's duration
+    (s)."""
+    if (
+        isinstance(duration, bool)
+        or not isinstance(duration, (int, float))
+        or not 0 < duration < math.inf
+    ):
         raise ValueError(f"duration must be a finite number > 0, got {duration!r}")
     ok = [i for i, e in enumerate(records["errors"]) if not e]
     ttfts = [records["ttfts"][i] for i in ok]
@@ -112,14 +154,22 @@ def bench_summary(records: Mapping[str, list], duration: float, metrics: Sequenc
               "itl": [gap for i in ok for gap in records["itls"][i]]}
     total_in = sum(records["input_lens"][i] for i in ok)
     total_out = sum(records["output_lens"])
-    summary = {"duration": duration, "completed": len(ok), "failed": len(records["errors"]) - len(ok),
-               "total_input_tokens": total_in, "total_output_tokens": total_out,
-               "request_throughput": len(ok) / duration, "request_goodput": None,
-               "output_throughput": total_out / duration, "total_token_throughput": (total_in + total_out) / duration,
-               "max_output_tokens_per_s": _peak_tokens_per_s(records, ok) if ok else 0.0,
-               "max_concurrent_requests": _peak_concurrency([records["start_times"][i] for i in ok],
-                                                            [records["start_times"][i] + records["latencies"][i]
-                                                             for i in ok])}
+    summary = {
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(records["errors"]) - len(ok),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": len(ok) / duration,
+        "request_goodput": None,
+        "output_throughput": total_out / duration,
+        "total_token_throughput": (total_in + total_out) / duration,
+        "max_output_tokens_per_s": _peak_tokens_per_s(records, ok) if ok else 0.0,
+        "max_concurrent_requests": _peak_concurrency(
+            [records["start_times"][i] for i in ok],
+            [records["start_times"][i] + records["latencies"][i] for i in ok],
+        ),
+    }
     if goodput:
         per_request = {"ttft": ttfts, "tpot": tpots_all, "e2el": e2els}
         good = sum(all(per_request[m][j] <= bound_ms / 1000 for m, bound_ms in goodput.items())
@@ -130,17 +180,25 @@ def bench_summary(records: Mapping[str, list], duration: float, metrics: Sequenc
     return summary
 
 
-_HEADERS = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
-            "itl": ("ITL", "Inter-token Latency"), "e2el": ("E2EL", "End-to-end Latency")}
+_HEADERS = {
+    "ttft": ("TTFT", "Time to First Token"),
+    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+    "itl": ("ITL", "Inter-token Latency"),
+    "e2el": ("E2EL", "End-to-end Latency"),
+}
 
 
 def summary_text(result: Mapping, metrics: Sequence[str], percentiles: Sequence[float]) -> str:
-    """The result printed the way ``vllm bench serve`` prints it (labels padded to 40 characters)."""
+    """The result printed the way ``vllm bench serve`` prints it (labels padded to 40
+    characters)."""
     def row(label: str, value, fmt: str = "<10.2f") -> str:
         return f"{label:<40} {value:{fmt}}"
 
-    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="),
-             row("Successful requests:", result["completed"], "<10"), row("Failed requests:", result["failed"], "<10")]
+    lines = [
+        "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="),
+        row("Successful requests:", result["completed"], "<10"),
+        row("Failed requests:", result["failed"], "<10"),
+    ]
     if result.get("max_concurrency") is not None:
         lines.append(row("Maximum request concurrency:", result["max_concurrency"], "<10"))
     if result.get("request_rate", "inf") != "inf":
@@ -171,8 +229,11 @@ def parse_percentile_metrics(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in PERCENTILE_METRICS]
     if not names or bad:
-        raise ValueError(f"--percentile-metrics takes a comma-separated list of {', '.join(PERCENTILE_METRICS)}; "
-                         f"got {text!r}")
+        raise ValueError(
+            f"--percentile-metrics takes a comma-separated list of "
+            f"{', '.join(PERCENTILE_METRICS)}; "
+            f"got {text!r}"
+        )
     return names
 
 
@@ -183,12 +244,15 @@ def parse_metric_percentiles(text: str) -> list[float]:
     except ValueError:
         values = []
     if not values or not all(0 <= p <= 100 for p in values):
-        raise ValueError(f"--metric-percentiles takes comma-separated numbers in [0, 100], got {text!r}")
+        raise ValueError(
+            f"--metric-percentiles takes comma-separated numbers in [0, 100], got {text!r}"
+        )
     return values
 
 
 def parse_goodput(pairs: Sequence[str]) -> dict[str, float]:
-    """``--goodput``: ``KEY:MS`` pairs with KEY one of ttft, tpot, e2el and MS a number >= 0 (milliseconds)."""
+    """``--goodput``: ``KEY:MS`` pairs with KEY one of ttft, tpot, e2el and MS a number >= 0
+    (milliseconds)."""
     bounds: dict[str, float] = {}
     for pair in pairs:
         name, _, value = pair.partition(":")
@@ -197,7 +261,9 @@ def parse_goodput(pairs: Sequence[str]) -> dict[str, float]:
         except ValueError:
             ms = math.nan
         if name not in GOODPUT_METRICS or not 0 <= ms < math.inf:
-            raise ValueError(f"--goodput takes KEY:MS pairs with KEY one of {', '.join(GOODPUT_METRICS)} and MS "
-                             f"a number >= 0 in milliseconds; got {pair!r}")
+            raise ValueError(
+                f"--goodput takes KEY:MS pairs with KEY one of {', '.join(GOODPUT_METRICS)} and MS "
+                f"a number >= 0 in milliseconds; got {pair!r}"
+            )
         bounds[name] = ms
     return bounds

@@ -1,4 +1,5 @@
-"""The load generator's HTTP side: send planned requests to an OpenAI-compatible server and time them.
+"""The load generator's HTTP side: send planned requests to an OpenAI-compatible server and time
+them.
 
 Two ways to drive load:
 
@@ -7,11 +8,11 @@ Two ways to drive load:
 * :func:`run_closed_loop` keeps a fixed number of requests in flight; each worker sends its next
   request when the previous one ends (and not before that request's planned instant, if it has one).
 
-Coordinated omission: when a server stalls, a closed loop stops sending, so the requests that *would*
-have arrived during the stall are never measured, and the stall shows up as one slow request instead
-of many. Every :class:`RequestResult` therefore keeps both the planned instant and the actual send
-instant; latency measured from the plan charges the stall to every request that should have arrived
-during it. Measured from the send it is the naive (optimistic) number.
+Coordinated omission: when a server stalls, a closed loop stops sending, so the requests that
+*would* have arrived during the stall are never measured, and the stall shows up as one slow request
+instead of many. Every :class:`RequestResult` therefore keeps both the planned instant and the
+actual send instant; latency measured from the plan charges the stall to every request that should
+have arrived during it. Measured from the send it is the naive (optimistic) number.
 
 System boundary: the client. Each emit instant is when one streamed content chunk (a ``data:`` event
 with non-empty text) was parsed here, so it includes network transit and the server's buffering; our
@@ -33,7 +34,14 @@ from servelab._validate import require_real
 from servelab.loadgen.workload import RequestSpec
 from servelab.metrics.latency import RequestTiming
 
-__all__ = ["Endpoint", "RequestResult", "RunResult", "send_request", "run_open_loop", "run_closed_loop"]
+__all__ = [
+    "Endpoint",
+    "RequestResult",
+    "RunResult",
+    "send_request",
+    "run_open_loop",
+    "run_closed_loop",
+]
 
 
 @dataclass(frozen=True)
@@ -41,8 +49,8 @@ class Endpoint:
     """Where and how to send: base URL ending in ``/v1``, model name, optional API key.
 
     ``chat`` selects ``/chat/completions`` (one user message) instead of ``/completions``;
-    ``ignore_eos`` asks the server to generate exactly ``max_tokens`` (a vLLM/SGLang/servelab extension
-    field); ``timeout_s`` bounds each request end to end.
+    ``ignore_eos`` asks the server to generate exactly ``max_tokens`` (a vLLM/SGLang/servelab
+    extension field); ``timeout_s`` bounds each request end to end.
     """
 
     url: str
@@ -57,7 +65,11 @@ class Endpoint:
             raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model must be a non-empty string")
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
+        if (
+            isinstance(self.timeout_s, bool)
+            or not isinstance(self.timeout_s, (int, float))
+            or not self.timeout_s > 0
+        ):
             raise ValueError(f"timeout_s must be a number > 0, got {self.timeout_s!r}")
 
     @property
@@ -65,7 +77,8 @@ class Endpoint:
         return self.url.rstrip("/") + ("/chat/completions" if self.chat else "/completions")
 
     def body(self, spec: RequestSpec) -> dict:
-        """The JSON request body for ``spec``: streaming, with the usage record in the last chunk."""
+        """The JSON request body for ``spec``: streaming, with the usage record in the last
+        chunk."""
         body = {"model": self.model, "max_tokens": spec.max_tokens, "stream": True,
                 "stream_options": {"include_usage": True}, "temperature": 1.0, "seed": spec.index}
         if self.ignore_eos:
@@ -113,13 +126,17 @@ class RequestResult:
         return self.sent_s if self.planned_s is None else self.planned_s
 
     def timing(self, from_planned: bool = True) -> RequestTiming:
-        """This request as a :class:`servelab.metrics.latency.RequestTiming` (successful requests only).
+        """This request as a :class:`servelab.metrics.latency.RequestTiming` (successful requests
+        only).
 
         ``from_planned=False`` measures from the actual send: the naive, coordinated-omission-prone
-        view. The client cannot see the server's scheduler, so ``first_scheduled`` is the send instant.
+        view. The client cannot see the server's scheduler, so ``first_scheduled`` is the send
+        instant.
         """
         if not self.ok:
-            raise ValueError(f"request {self.index} failed ({self.error or self.status}); it has no timing")
+            raise ValueError(
+                f"request {self.index} failed ({self.error or self.status}); it has no timing"
+            )
         arrival = self.arrival_s if from_planned else self.sent_s
         return RequestTiming(arrival=min(arrival, self.sent_s), first_scheduled=self.sent_s,
                              emit_times=self.emit_s, finish=self.finish_s,
@@ -144,7 +161,8 @@ class RunResult:
 
     @property
     def max_send_lag_s(self) -> float:
-        """Largest gap between a planned and an actual send: the client's own lateness (0 with no plan).
+        """Largest gap between a planned and an actual send: the client's own lateness (0 with no
+        plan).
 
         A large value in an open loop means the load generator itself could not keep up.
         """
@@ -209,15 +227,25 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec:
         state["error"] = f"malformed stream: {exc}"
     usage = state["usage"] or {}
     return RequestResult(
-        index=spec.index, planned_s=spec.planned_s, sent_s=sent, emit_s=tuple(emits), finish_s=_now(t0),
-        status=state["status"], error=state["error"], retry_after_s=state["retry"],
-        prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
-        finish_reason=state["finish"], text="".join(text))
+        index=spec.index,
+        planned_s=spec.planned_s,
+        sent_s=sent,
+        emit_s=tuple(emits),
+        finish_s=_now(t0),
+        status=state["status"],
+        error=state["error"],
+        retry_after_s=state["retry"],
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+        finish_reason=state["finish"],
+        text="".join(text),
+    )
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, chat: bool, t0: float, emits: list[float],
                        text: list[str], state: dict) -> None:
-    """Parse ``data:`` lines until ``[DONE]``; fill ``emits``/``text`` and the usage/finish/error state.
+    """Parse ``data:`` lines until ``[DONE]``; fill ``emits``/``text`` and the usage/finish/error
+    state.
 
     A stream that closes without ``[DONE]`` is complete when a chunk carried a ``finish_reason``
     (transformers' ``transformers serve`` ends that way); without either it was cut off.
@@ -274,7 +302,9 @@ async def run_open_loop(endpoint: Endpoint, specs: Sequence[RequestSpec], max_in
         raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
     limit = float(require_real("time_limit_s", time_limit_s, 0, strict_min=True))
     slots = asyncio.Semaphore(max_in_flight)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_in_flight)) as session:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=max_in_flight)
+    ) as session:
         t0 = time.perf_counter()
 
         async def one(spec: RequestSpec) -> RequestResult:
@@ -292,16 +322,18 @@ async def run_open_loop(endpoint: Endpoint, specs: Sequence[RequestSpec], max_in
             tasks.append(asyncio.create_task(one(spec)))
         results = await asyncio.gather(*tasks)
         wall = _now(t0)
-    return RunResult("open", tuple(results), _offered_rate(specs), None, wall, unsent=len(specs) - len(tasks))
+    return RunResult(
+        "open", tuple(results), _offered_rate(specs), None, wall, unsent=len(specs) - len(tasks)
+    )
 
 
 async def run_closed_loop(endpoint: Endpoint, specs: Sequence[RequestSpec], concurrency: int,
                           time_limit_s: float = 300.0) -> RunResult:
     """Keep ``concurrency`` requests in flight until every spec was sent or ``time_limit_s`` passed.
 
-    A worker takes the next spec when its previous request ends, waits for the spec's planned instant
-    if it has one, and sends it. With planned instants (a *paced* closed loop) the result can be read
-    both ways: from the plan (corrected) or from the send (naive).
+    A worker takes the next spec when its previous request ends, waits for the spec's planned
+    instant if it has one, and sends it. With planned instants (a *paced* closed loop) the result
+    can be read both ways: from the plan (corrected) or from the send (naive).
     """
     specs = _check_specs(specs)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -322,4 +354,6 @@ async def run_closed_loop(endpoint: Endpoint, specs: Sequence[RequestSpec], conc
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = _now(t0)
     results.sort(key=lambda r: r.index)
-    return RunResult("closed", tuple(results), _offered_rate(specs), concurrency, wall, unsent=len(queue))
+    return RunResult(
+        "closed", tuple(results), _offered_rate(specs), concurrency, wall, unsent=len(queue)
+    )

@@ -1,14 +1,14 @@
 """Read a server's Prometheus ``/metrics`` from the load generator, before, during and after a run.
 
 A scrape is parsed with ``prometheus_client.parser`` into a :class:`MetricsSnapshot` (one value per
-series). Two snapshots bracket a run, so the difference of a counter or histogram between them belongs
-to the run's requests alone (on a server nobody else uses): :func:`histogram_delta` gives their count,
-sum and buckets, a mean and quantiles interpolated inside the buckets the way Prometheus'
-``histogram_quantile`` does. :func:`run_with_metrics` scrapes every ``interval_s`` while a run goes on,
-so gauges (queue length, KV use) can be drawn over the run.
+series). Two snapshots bracket a run, so the difference of a counter or histogram between them
+belongs to the run's requests alone (on a server nobody else uses): :func:`histogram_delta` gives
+their count, sum and buckets, a mean and quantiles interpolated inside the buckets the way
+Prometheus' ``histogram_quantile`` does. :func:`run_with_metrics` scrapes every ``interval_s`` while
+a run goes on, so gauges (queue length, KV use) can be drawn over the run.
 
-System boundary: the server's own measurements, read over HTTP; they say nothing about the network or
-the client. Snapshot instants are seconds on ``time.perf_counter``.
+System boundary: the server's own measurements, read over HTTP; they say nothing about the network
+or the client. Snapshot instants are seconds on ``time.perf_counter``.
 """
 
 from __future__ import annotations
@@ -24,15 +24,29 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servelab._validate import require_real
 
-__all__ = ["MetricsSnapshot", "HistogramDelta", "SERVER_LATENCIES", "parse_metrics", "metrics_url", "scrape",
-           "histogram_delta", "latency_ms", "server_latency_rows", "run_with_metrics"]
+__all__ = [
+    "MetricsSnapshot",
+    "HistogramDelta",
+    "SERVER_LATENCIES",
+    "parse_metrics",
+    "metrics_url",
+    "scrape",
+    "histogram_delta",
+    "latency_ms",
+    "server_latency_rows",
+    "run_with_metrics",
+]
 
 Labels = tuple[tuple[str, str], ...]
 
-SERVER_LATENCIES = (("queue time", "request_queue_time_seconds"), ("TTFT", "time_to_first_token_seconds"),
-                    ("inter-token latency", "inter_token_latency_seconds"),
-                    ("end to end", "e2e_request_latency_seconds"))
-"""The latency histograms a vLLM-style server exports (name after its ``prefix:``), as ``(label, name)``."""
+SERVER_LATENCIES = (
+    ("queue time", "request_queue_time_seconds"),
+    ("TTFT", "time_to_first_token_seconds"),
+    ("inter-token latency", "inter_token_latency_seconds"),
+    ("end to end", "e2e_request_latency_seconds"),
+)
+"""The latency histograms a vLLM-style server exports (name after its ``prefix:``), as ``(label,
+name)``."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +57,8 @@ class MetricsSnapshot:
     samples: dict[tuple[str, Labels], float]
 
     def value(self, name: str, **labels: str) -> float:
-        """Sum of the samples called ``name`` whose labels include ``labels`` (0.0 when there are none)."""
+        """Sum of the samples called ``name`` whose labels include ``labels`` (0.0 when there are
+        none)."""
         wanted = set(labels.items())
         return sum(v for (n, ls), v in self.samples.items() if n == name and wanted <= set(ls))
 
@@ -58,12 +73,16 @@ def parse_metrics(text: str, at_s: float = 0.0) -> MetricsSnapshot:
 
 
 def metrics_url(api_url: str) -> str:
-    """``http://host:port/v1`` -> ``http://host:port/metrics`` (vLLM and servelab serve it at the root)."""
+    """``http://host:port/v1`` -> ``http://host:port/metrics`` (vLLM and servelab serve it at the
+    root)."""
     return api_url.rstrip("/").removesuffix("/v1") + "/metrics"
 
 
-async def scrape(session: aiohttp.ClientSession, url: str, timeout_s: float = 10.0) -> MetricsSnapshot:
-    """GET ``url`` and parse it; raises ``aiohttp.ClientError`` for a server that does not answer 200."""
+async def scrape(
+    session: aiohttp.ClientSession, url: str, timeout_s: float = 10.0
+) -> MetricsSnapshot:
+    """GET ``url`` and parse it; raises ``aiohttp.ClientError`` for a server that does not answer
+    200."""
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
         resp.raise_for_status()
         return parse_metrics(await resp.text(), time.perf_counter())
@@ -93,14 +112,18 @@ class HistogramDelta:
         for upper, cumulative in self.buckets:
             if cumulative >= rank and cumulative > below:
                 if math.isinf(upper):
-                    return lower  # beyond the last finite bound: that bound is all a histogram can say
+                    # beyond the last finite bound: that bound is all a histogram can say
+                    return lower
                 return lower + (upper - lower) * (rank - below) / (cumulative - below)
             lower, below = upper, cumulative
         return lower
 
 
-def histogram_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, **labels: str) -> HistogramDelta:
-    """The observations histogram ``name`` gained from ``before`` to ``after`` (series matching ``labels``)."""
+def histogram_delta(
+    before: MetricsSnapshot, after: MetricsSnapshot, name: str, **labels: str
+) -> HistogramDelta:
+    """The observations histogram ``name`` gained from ``before`` to ``after`` (series matching
+    ``labels``)."""
     start, end = _buckets(before, name, labels), _buckets(after, name, labels)
     buckets = tuple((bound, end[bound] - start.get(bound, 0.0)) for bound in sorted(end))
     count = after.value(f"{name}_count", **labels) - before.value(f"{name}_count", **labels)
@@ -109,16 +132,21 @@ def histogram_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, 
 
 
 def latency_ms(hist: HistogramDelta) -> dict[str, float]:
-    """``requests`` (observations), ``mean_ms`` (exact) and ``p50_ms``/``p90_ms`` (bucket-interpolated)."""
-    return {"requests": hist.count, "mean_ms": 1000 * hist.mean, "p50_ms": 1000 * hist.quantile(0.5),
-            "p90_ms": 1000 * hist.quantile(0.9)}
+    """``requests`` (observations), ``mean_ms`` (exact) and ``p50_ms``/``p90_ms``
+    (bucket-interpolated)."""
+    return {
+        "requests": hist.count,
+        "mean_ms": 1000 * hist.mean,
+        "p50_ms": 1000 * hist.quantile(0.5),
+        "p90_ms": 1000 * hist.quantile(0.9),
+    }
 
 
 def server_latency_rows(before: MetricsSnapshot, after: MetricsSnapshot, prefix: str = "servelab",
                         **labels: str) -> list[dict]:
-    """The server's own latencies over a run: one row per histogram of :data:`SERVER_LATENCIES` that gained
-    observations between the two snapshots (``prefix`` is ``servelab`` for the course server, ``vllm``
-    for vLLM)."""
+    """The server's own latencies over a run: one row per histogram of :data:`SERVER_LATENCIES` that
+    gained observations between the two snapshots (``prefix`` is ``servelab`` for the course server,
+    ``vllm`` for vLLM)."""
     rows = []
     for label, name in SERVER_LATENCIES:
         hist = histogram_delta(before, after, f"{prefix}:{name}", **labels)
@@ -139,10 +167,12 @@ def _buckets(snapshot: MetricsSnapshot, name: str, labels: dict[str, str]) -> di
 
 
 async def run_with_metrics(run: Awaitable, url: str, interval_s: float = 0.5):
-    """Await ``run`` (e.g. ``run_open_loop(...)``) while scraping ``url`` every ``interval_s`` seconds.
+    """Await ``run`` (e.g. ``run_open_loop(...)``) while scraping ``url`` every ``interval_s``
+    seconds.
 
-    Returns ``(run's result, snapshots)``: the first snapshot is taken before the run starts, the last
-    after it ends, so ``histogram_delta(snapshots[0], snapshots[-1], ...)`` covers exactly the run.
+    Returns ``(run's result, snapshots)``: the first snapshot is taken before the run starts, the
+    last after it ends, so ``histogram_delta(snapshots[0], snapshots[-1], ...)`` covers exactly the
+    run.
     """
     interval = require_real("interval_s", interval_s, 0.0, strict_min=True)
     async with aiohttp.ClientSession() as session:

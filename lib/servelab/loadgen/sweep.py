@@ -31,8 +31,18 @@ from servelab.loadgen.client import Endpoint, RequestResult, RunResult, run_open
 from servelab.loadgen.workload import LengthDistribution, build_workload, poisson_arrivals
 from servelab.viz import table as viz_table
 
-__all__ = ["SLO", "PhaseSummary", "LoadReport", "summarize", "report_table", "SweepPoint", "run_sweep",
-           "saturation_index", "sweep_table", "throughput_latency_figure"]
+__all__ = [
+    "SLO",
+    "PhaseSummary",
+    "LoadReport",
+    "summarize",
+    "report_table",
+    "SweepPoint",
+    "run_sweep",
+    "saturation_index",
+    "sweep_table",
+    "throughput_latency_figure",
+]
 
 QUANTILES = (50.0, 90.0, 99.0)
 
@@ -48,7 +58,11 @@ class SLO:
     def __post_init__(self) -> None:
         for name in ("ttft_s", "tpot_s") + (("deadline_s",) if self.deadline_s is not None else ()):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value < math.inf
+            ):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
@@ -56,10 +70,11 @@ class SLO:
 class PhaseSummary:
     """One phase (cold start or steady state) of a run.
 
-    Latency dicts map a quantile (50, 90, 99) to a :class:`servelab.metrics.latency.Percentile`, which
-    carries its sample size and whether that size supports the quantile. ``naive_*`` measure from
-    the actual send instead of the plan. ``throughputs`` is None when nothing succeeded; they are
-    rates over ``window_s`` = (first arrival, last finish), the drain after the last arrival included.
+    Latency dicts map a quantile (50, 90, 99) to a :class:`servelab.metrics.latency.Percentile`,
+    which carries its sample size and whether that size supports the quantile. ``naive_*`` measure
+    from the actual send instead of the plan. ``throughputs`` is None when nothing succeeded; they
+    are rates over ``window_s`` = (first arrival, last finish), the drain after the last arrival
+    included.
     """
 
     n_requests: int
@@ -81,9 +96,9 @@ class PhaseSummary:
 class LoadReport:
     """A whole run: how it was driven, its cold and steady phases, and why requests failed.
 
-    ``failures`` maps a reason (an HTTP status such as ``"503"``, or ``"timeout"``, ``"connection"``,
-    ``"stream error"``) to a count. ``max_send_lag_s`` is the client's own lateness: when it is large
-    the load generator, not the server, was the bottleneck.
+    ``failures`` maps a reason (an HTTP status such as ``"503"``, or ``"timeout"``,
+    ``"connection"``, ``"stream error"``) to a count. ``max_send_lag_s`` is the client's own
+    lateness: when it is large the load generator, not the server, was the bottleneck.
     """
 
     mode: str
@@ -101,7 +116,8 @@ def _percentiles(values: Sequence[float]) -> dict[float, metrics.Percentile]:
     if not values:
         return {}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the sample-size verdict is kept in Percentile.enough_samples
+        # the sample-size verdict is kept in Percentile.enough_samples
+        warnings.simplefilter("ignore")
         return {q: metrics.percentile(list(values), q) for q in QUANTILES}
 
 
@@ -127,7 +143,9 @@ def _summarize_phase(results: list[RequestResult], slo: SLO) -> PhaseSummary:
         if window[1] > window[0]:
             thr = metrics.throughputs(timed, window)
             good_rps = metrics.goodput(timed, slo.ttft_s, slo.tpot_s, window, slo.deadline_s)
-            good_tps = metrics.goodput(timed, slo.ttft_s, slo.tpot_s, window, slo.deadline_s, unit="tokens")
+            good_tps = metrics.goodput(
+                timed, slo.ttft_s, slo.tpot_s, window, slo.deadline_s, unit="tokens"
+            )
         meeting = sum(metrics.meets_slo(t, slo.ttft_s, slo.tpot_s, slo.deadline_s) for t in timed)
     return PhaseSummary(
         n_requests=len(results), n_ok=len(ok),
@@ -142,7 +160,8 @@ def _summarize_phase(results: list[RequestResult], slo: SLO) -> PhaseSummary:
 
 
 def summarize(run: RunResult, slo: SLO, warmup_requests: int = 0) -> LoadReport:
-    """Report ``run`` against ``slo``; the first ``warmup_requests`` (by plan order) form the cold phase.
+    """Report ``run`` against ``slo``; the first ``warmup_requests`` (by plan order) form the cold
+    phase.
 
     SLO attainment is over every request of the phase, failures included (a rejected request did not
     meet its SLO); goodput counts SLO-meeting requests (or their output tokens) per second of the
@@ -152,7 +171,11 @@ def summarize(run: RunResult, slo: SLO, warmup_requests: int = 0) -> LoadReport:
         raise TypeError("run must be a RunResult")
     if not isinstance(slo, SLO):
         raise TypeError("slo must be an SLO")
-    if isinstance(warmup_requests, bool) or not isinstance(warmup_requests, int) or warmup_requests < 0:
+    if (
+        isinstance(warmup_requests, bool)
+        or not isinstance(warmup_requests, int)
+        or warmup_requests < 0
+    ):
         raise ValueError(f"warmup_requests must be an int >= 0, got {warmup_requests!r}")
     results = sorted(run.results, key=lambda r: r.index)
     cold, steady = results[:warmup_requests], results[warmup_requests:]
@@ -172,7 +195,8 @@ def _quantile_cells(dist: dict[float, metrics.Percentile]) -> list:
 
 
 def report_table(report: LoadReport):
-    """Latency percentiles (milliseconds) per phase and metric, with n and whether p99 is trustworthy."""
+    """Latency percentiles (milliseconds) per phase and metric, with n and whether p99 is
+    trustworthy."""
     if not isinstance(report, LoadReport):
         raise TypeError("report must be a LoadReport")
     rows = []
@@ -183,9 +207,12 @@ def report_table(report: LoadReport):
                            ("E2E", phase.e2e), ("TTFT from send (naive)", phase.naive_ttft),
                            ("E2E from send (naive)", phase.naive_e2e)):
             rows.append([phase_name, name, *_quantile_cells(dist)])
-    return viz_table(rows, columns=["phase", "metric", "n", "p50 ms", "p90 ms", "p99 ms", "p99 trusted"],
-                     formats={"p50 ms": ".1f", "p90 ms": ".1f", "p99 ms": ".1f"},
-                     caption="Latency measured at the client; from the planned arrival unless marked naive")
+    return viz_table(
+        rows,
+        columns=["phase", "metric", "n", "p50 ms", "p90 ms", "p99 ms", "p99 trusted"],
+        formats={"p50 ms": ".1f", "p90 ms": ".1f", "p99 ms": ".1f"},
+        caption="Latency measured at the client; from the planned arrival unless marked naive",
+    )
 
 
 @dataclass(frozen=True)
@@ -212,9 +239,13 @@ async def run_sweep(endpoint: Endpoint, rates: Sequence[float], duration_s: floa
     points: list[SweepPoint] = []
     for i, rate in enumerate(rates):
         rng = np.random.default_rng(seed + i)
-        specs = build_workload(poisson_arrivals(rate, duration_s, rng), prompt_words, output_tokens, seed + i)
+        specs = build_workload(
+            poisson_arrivals(rate, duration_s, rng), prompt_words, output_tokens, seed + i
+        )
         if not specs:
-            raise ValueError(f"rate {rate}/s over {duration_s} s planned no request; raise duration_s")
+            raise ValueError(
+                f"rate {rate}/s over {duration_s} s planned no request; raise duration_s"
+            )
         run = await run_open_loop(endpoint, specs, time_limit_s=time_limit_s)
         points.append(SweepPoint(rate, summarize(run, slo, warmup_requests)))
         if stop_after_saturation and saturation_index(points) is not None:
@@ -227,11 +258,15 @@ def saturation_index(points: Sequence[SweepPoint], latency_factor: float = 3.0) 
 
     Against the lowest rate (the idle baseline), a point is saturated when its p90 TTFT exceeds
     ``latency_factor`` times the baseline's (requests wait in the queue), or its p90 TPOT does (the
-    batch grew until every step crawls): in an open loop both grow without bound once arrivals outrun
-    the server. A point where nothing succeeded is saturated. p90 rather than p99: short sweep points
-    rarely hold the 100 samples a p99 needs.
+    batch grew until every step crawls): in an open loop both grow without bound once arrivals
+    outrun the server. A point where nothing succeeded is saturated. p90 rather than p99: short
+    sweep points rarely hold the 100 samples a p99 needs.
     """
-    if isinstance(latency_factor, bool) or not isinstance(latency_factor, (int, float)) or not latency_factor > 1:
+    if (
+        isinstance(latency_factor, bool)
+        or not isinstance(latency_factor, (int, float))
+        or not latency_factor > 1
+    ):
         raise ValueError(f"latency_factor must be a number > 1, got {latency_factor!r}")
     if not points:
         return None
@@ -283,9 +318,15 @@ def sweep_table(points: Sequence[SweepPoint]):
             "goodput req/s": steady.goodput_requests_per_s if steady else 0.0,
             "saturated": "knee" if i == knee else ("yes" if knee is not None and i > knee else ""),
         })
-    formats = {c: ".2f" if c.endswith("req/s") else ".1f" for c in rows[0] if c.endswith(("ms", "/s"))}
-    return viz_table(rows, formats=formats | {"SLO met": ".0%"},
-                     caption="Load sweep, steady state (cold-start requests excluded); latency from planned arrival")
+    formats = {
+        c: ".2f" if c.endswith("req/s") else ".1f" for c in rows[0] if c.endswith(("ms", "/s"))
+    }
+    return viz_table(
+        rows,
+        formats=formats | {"SLO met": ".0%"},
+        caption="Load sweep, steady state (cold-start requests excluded); latency from planned "
+        "arrival",
+    )
 
 
 def throughput_latency_figure(points: Sequence[SweepPoint]) -> go.Figure:
@@ -296,8 +337,12 @@ def throughput_latency_figure(points: Sequence[SweepPoint]) -> go.Figure:
     """
     if not points:
         raise ValueError("points must hold at least one SweepPoint")
-    x = [p.report.steady.throughputs.output_tokens_per_s if p.report.steady and p.report.steady.throughputs
-         else 0.0 for p in points]
+    x = [
+        p.report.steady.throughputs.output_tokens_per_s
+        if p.report.steady and p.report.steady.throughputs
+        else 0.0
+        for p in points
+    ]
     hover = [f"offered {p.rate:.2f} req/s" for p in points]
     fig = go.Figure()
     for attr, q, dash in (("ttft", 50.0, "solid"), ("ttft", 99.0, "dot"), ("tpot", 50.0, "solid"),
@@ -309,6 +354,10 @@ def throughput_latency_figure(points: Sequence[SweepPoint]) -> go.Figure:
     if knee is not None:
         fig.add_vline(x=x[knee], line_dash="dash", line_color="gray",
                       annotation_text=f"saturation ({points[knee].rate:.2f} req/s offered)")
-    fig.update_layout(title="Throughput-latency curve (latency from planned arrival)",
-                      xaxis_title="achieved output tokens/s", yaxis_title="latency (ms)", yaxis_type="log")
+    fig.update_layout(
+        title="Throughput-latency curve (latency from planned arrival)",
+        xaxis_title="achieved output tokens/s",
+        yaxis_title="latency (ms)",
+        yaxis_type="log",
+    )
     return fig

@@ -22,15 +22,25 @@ import numpy as np
 
 from servelab._validate import require_int, require_real
 
-__all__ = ["LengthDistribution", "RequestSpec", "poisson_arrivals", "gamma_arrivals", "paced_arrivals",
-           "make_prompt", "build_workload"]
+__all__ = [
+    "LengthDistribution",
+    "RequestSpec",
+    "poisson_arrivals",
+    "gamma_arrivals",
+    "paced_arrivals",
+    "make_prompt",
+    "build_workload",
+]
 
 # Words the course model knows well (Shakespearean English); a synthetic prompt is drawn from them.
 _WORDS = (
-    "the and to of my you that in is not with me it for be his your this but he have as thou so will "
-    "what her thy all by do no shall if are we our on thee lord good now more from sir come king love "
+    "the and to of my you that in is not with me it for be his your this but he have as "
+    "thou so will "
+    "what her thy all by do no shall if are we our on thee lord good now more from sir "
+    "come king love "
     "let was she how well they enter know then man there which hath would or here their when night "
-    "heart upon make like speak yet such death come blood sweet fair honour grace crown sword brother "
+    "heart upon make like speak yet such death come blood sweet fair honour grace crown "
+    "sword brother "
     "father mother daughter queen duke noble gentle time world eyes hand life soul heaven fortune"
 ).split()
 
@@ -54,7 +64,9 @@ class LengthDistribution:
         require_int("low", self.low, 1)
         require_int("high", self.high, self.low)
         if not self.low <= self.median <= self.high:
-            raise ValueError(f"median must lie in [low, high] = [{self.low}, {self.high}], got {self.median}")
+            raise ValueError(
+                f"median must lie in [low, high] = [{self.low}, {self.high}], got {self.median}"
+            )
 
     def sample(self, count: int, rng: np.random.Generator) -> list[int]:
         """``count`` lengths drawn with ``rng``."""
@@ -93,8 +105,11 @@ def poisson_arrivals(rate: float, duration_s: float, rng: np.random.Generator) -
     return offsets
 
 
-def gamma_arrivals(rate: float, count: int, burstiness: float, rng: np.random.Generator) -> list[float]:
-    """``count`` arrival offsets (seconds) as ``vllm bench serve`` plans them for ``--request-rate``.
+def gamma_arrivals(
+    rate: float, count: int, burstiness: float, rng: np.random.Generator
+) -> list[float]:
+    """``count`` arrival offsets (seconds) as ``vllm bench serve`` plans them for
+    ``--request-rate``.
 
     Gaps are gamma-distributed with shape ``burstiness`` and mean ``1/rate``: ``burstiness`` 1 is a
     Poisson process, below 1 burstier (clumps and long lulls), above 1 more regular, ``inf`` evenly
@@ -117,7 +132,8 @@ def gamma_arrivals(rate: float, count: int, burstiness: float, rng: np.random.Ge
 
 
 def paced_arrivals(rate: float, count: int) -> list[float]:
-    """``count`` evenly spaced offsets at ``rate`` requests/s (the schedule a paced closed loop keeps)."""
+    """``count`` evenly spaced offsets at ``rate`` requests/s (the schedule a paced closed loop
+    keeps)."""
     rate = require_real("rate", rate, 0, strict_min=True)
     require_int("count", count, 0)
     return [i / rate for i in range(count)]
@@ -137,7 +153,9 @@ def build_workload(arrivals: Sequence[float | None], prompt_words: LengthDistrib
     loop. ``output_tokens`` becomes each request's ``max_tokens`` (send ``ignore_eos`` to make the
     server generate exactly that many).
     """
-    if not isinstance(prompt_words, LengthDistribution) or not isinstance(output_tokens, LengthDistribution):
+    if not isinstance(prompt_words, LengthDistribution) or not isinstance(
+        output_tokens, LengthDistribution
+    ):
         raise TypeError("prompt_words and output_tokens must be LengthDistribution")
     require_int("seed", seed, 0)
     arrivals = list(arrivals)

@@ -65,11 +65,18 @@ def to_gib(n_bytes: float) -> float:
 
 def weight_bytes(params: float, bytes_per_param: float) -> float:
     """Raw weight storage in bytes: params x bytes per parameter (0.5 for packed int4)."""
-    return require_real("params", params, 0, strict_min=True) * require_real("bytes_per_param", bytes_per_param, 0, strict_min=True)
+    return require_real("params", params, 0, strict_min=True) * require_real(
+        "bytes_per_param", bytes_per_param, 0, strict_min=True
+    )
 
 
 def kv_bytes_for_tokens(
-    n_tokens: int, n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_elem: int, n_requests: int = 1
+    n_tokens: int,
+    n_layers: int,
+    n_kv_heads: int,
+    head_dim: int,
+    bytes_per_elem: int,
+    n_requests: int = 1,
 ) -> int:
     """Raw KV-cache bytes for ``n_requests`` sequences of ``n_tokens`` cached tokens each.
 
@@ -78,7 +85,9 @@ def kv_bytes_for_tokens(
     """
     require_int("n_tokens", n_tokens, 0)
     require_int("n_requests", n_requests, 1)
-    return n_requests * n_tokens * kv_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_elem)
+    return (
+        n_requests * n_tokens * kv_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_elem)
+    )
 
 
 def kv_bytes_per_request(
@@ -106,16 +115,20 @@ def flops_per_token(params: float) -> float:
 
 def compute_rate(params: float, tokens_per_second: float) -> float:
     """FLOP/s needed by the weight matmuls to produce ``tokens_per_second`` tokens."""
-    return flops_per_token(params) * require_real("tokens_per_second", tokens_per_second, 0, strict_min=True)
+    return flops_per_token(params) * require_real(
+        "tokens_per_second", tokens_per_second, 0, strict_min=True
+    )
 
 
-def prefill_flops(params: float, seq_len: int, n_layers: int, n_heads: int, head_dim: int) -> tuple[float, float]:
+def prefill_flops(
+    params: float, seq_len: int, n_layers: int, n_heads: int, head_dim: int
+) -> tuple[float, float]:
     """(weight-matmul FLOPs, attention FLOPs) of one dense prefill of ``seq_len`` tokens.
 
-    Weights: 2 x params per token, linear in the prompt. Attention: causal, counted as the roofline counts
-    it (:func:`servelab.metrics.roofline.causal_attention_flops`, with ``hidden = n_heads x head_dim``):
-    each token scores itself and every earlier one, 2 x 2 x head_dim per (query, key) pair per query head
-    per layer, quadratic in the prompt.
+    Weights: 2 x params per token, linear in the prompt. Attention: causal, counted as the roofline
+    counts it (:func:`servelab.metrics.roofline.causal_attention_flops`, with ``hidden = n_heads x
+    head_dim``): each token scores itself and every earlier one, 2 x 2 x head_dim per (query, key)
+    pair per query head per layer, quadratic in the prompt.
     """
     n = require_int("seq_len", seq_len, 1)
     hidden = require_int("n_heads", n_heads, 1) * require_int("head_dim", head_dim, 1)
@@ -128,7 +141,9 @@ def weight_read_rate(params: float, bytes_per_param: float, tokens_per_second: f
     Every decode step reads every weight once, so a lone stream needs weight bytes x tokens/s of
     memory bandwidth, whatever its FLOPs; a batch shares each read among its sequences.
     """
-    return weight_bytes(params, bytes_per_param) * require_real("tokens_per_second", tokens_per_second, 0, strict_min=True)
+    return weight_bytes(params, bytes_per_param) * require_real(
+        "tokens_per_second", tokens_per_second, 0, strict_min=True
+    )
 
 
 def time_to_last_token(ttft: float, n_tokens: int, tokens_per_second: float) -> float:
@@ -138,7 +153,9 @@ def time_to_last_token(ttft: float, n_tokens: int, tokens_per_second: float) -> 
     """
     require_real("ttft", ttft, 0)
     require_int("n_tokens", n_tokens, 1)
-    return ttft + (n_tokens - 1) / require_real("tokens_per_second", tokens_per_second, 0, strict_min=True)
+    return ttft + (n_tokens - 1) / require_real(
+        "tokens_per_second", tokens_per_second, 0, strict_min=True
+    )
 
 
 # --- replicas -------------------------------------------------------------------------------------
@@ -160,7 +177,8 @@ def peak_arrival_rate(
 
 
 def requests_in_flight(arrival_rate: float, service_time_s: float) -> float:
-    """Mean requests in service at once, by Little's law: arrival rate (req/s) x mean service time (s).
+    """Mean requests in service at once, by Little's law: arrival rate (req/s) x mean service time
+    (s).
 
     Holds for any arrival pattern and service-time distribution in steady state; it is a mean, and
     the count in flight fluctuates around it (see :func:`in_flight_quantile`).
@@ -364,14 +382,17 @@ class CostBreakdown:
 
 def monthly_requests(requests_per_day: float = 100_000, days: int = 30) -> float:
     """Original requests per month (retries not included)."""
-    return require_real("requests_per_day", requests_per_day, 0, strict_min=True) * require_int("days", days, 1)
+    return require_real("requests_per_day", requests_per_day, 0, strict_min=True) * require_int(
+        "days", days, 1
+    )
 
 
 def operating_allowances(
     application: float = 600.0, maintenance: float = 1_500.0, review_hours: float = 500.0,
     review_rate: float = 35.0,
 ) -> dict[str, float]:
-    """Fixed monthly costs either option pays: application, maintenance, quality review (hours x $/h)."""
+    """Fixed monthly costs either option pays: application, maintenance, quality review (hours x
+    $/h)."""
     return {
         "application": require_real("application", application, 0),
         "maintenance": require_real("maintenance", maintenance, 0),
@@ -399,7 +420,9 @@ def hosted_cost(
     fixed part) defaults to ``operating_allowances()``.
     """
     require_real("requests_per_month", requests_per_month, 0, strict_min=True)
-    attempts = requests_per_month * require_real("attempt_factor", attempt_factor, 0, strict_min=True)
+    attempts = requests_per_month * require_real(
+        "attempt_factor", attempt_factor, 0, strict_min=True
+    )
     share = _fraction("cached_input_share", cached_input_share)
     fed = attempts * require_real("input_tokens", input_tokens, 0) / MILLION
     out = attempts * require_real("output_tokens", output_tokens, 0) / MILLION
@@ -430,7 +453,11 @@ def owned_cost(
     """
     require_int("replicas", replicas, 1)
     hours = require_real("hours_per_month", hours_per_month, 0, strict_min=True)
-    items = {"replica hours": replicas * require_real("hourly_rate", hourly_rate, 0, strict_min=True) * hours}
+    items = {
+        "replica hours": replicas
+        * require_real("hourly_rate", hourly_rate, 0, strict_min=True)
+        * hours
+    }
     fixed = operating_allowances() if allowances is None else _allowances(allowances)
     per_month = require_real("requests_per_month", requests_per_month, 0, strict_min=True)
     return CostBreakdown(items, fixed, per_month, _useful(useful_fraction))
@@ -452,8 +479,11 @@ def _useful(useful_fraction: object) -> float:
 
 
 def speculative_time_per_token(draft_ms: float, verify_ms: float, tokens_advanced: float) -> float:
-    """Milliseconds per advanced token: (draft + verify/correct time of one cycle) / tokens advanced."""
-    cycle = require_real("draft_ms", draft_ms, 0) + require_real("verify_ms", verify_ms, 0, strict_min=True)
+    """Milliseconds per advanced token: (draft + verify/correct time of one cycle) / tokens
+    advanced."""
+    cycle = require_real("draft_ms", draft_ms, 0) + require_real(
+        "verify_ms", verify_ms, 0, strict_min=True
+    )
     return cycle / require_real("tokens_advanced", tokens_advanced, 0, strict_min=True)
 
 
@@ -476,15 +506,16 @@ def expected_tokens_per_cycle(acceptance_rate: float, draft_len: int) -> float:
 def breakeven_acceptance(cycle_cost: float, draft_len: int, tol: float = 1e-12) -> float:
     """The acceptance rate at which speculation exactly breaks even with plain decoding.
 
-    A cycle drafts ``draft_len`` tokens and verifies them in one target forward pass; ``cycle_cost`` is
-    what the whole cycle costs (``draft_len`` draft steps plus the verify pass) in units of one plain
-    single-token target step, so plain decoding buys 1 token per unit. The cycle buys
+    A cycle drafts ``draft_len`` tokens and verifies them in one target forward pass; ``cycle_cost``
+    is what the whole cycle costs (``draft_len`` draft steps plus the verify pass) in units of one
+    plain single-token target step, so plain decoding buys 1 token per unit. The cycle buys
     :func:`expected_tokens_per_cycle` tokens, which assumes every drafted token is accepted
     independently with the same probability ``a``. Returns the ``a`` in ``[0, 1]`` where the two are
-    equal, i.e. where :func:`speculative_speedup` is exactly 1 (found by bisection, to within ``tol``):
-    above it speculation is faster, below it slower. It is 0 when ``cycle_cost <= 1`` (a cycle that
-    costs no more than a plain step pays at any acceptance) and NaN when ``cycle_cost > draft_len + 1``
-    (even an acceptance of 1 does not pay for the cycle). Acceptance is a probability: no unit.
+    equal, i.e. where :func:`speculative_speedup` is exactly 1 (found by bisection, to within
+    ``tol``): above it speculation is faster, below it slower. It is 0 when ``cycle_cost <= 1`` (a
+    cycle that costs no more than a plain step pays at any acceptance) and NaN when ``cycle_cost >
+    draft_len + 1`` (even an acceptance of 1 does not pay for the cycle). Acceptance is a
+    probability: no unit.
     """
     cost = require_real("cycle_cost", cycle_cost, 0, strict_min=True)
     k = require_int("draft_len", draft_len, 0)

@@ -6,8 +6,8 @@ and summarise repeated runs as a mean with a min-max band (:func:`band`).
 System boundary: every timestamp passed in must be taken at the same place -- for example at the
 server's streaming layer, or at the client -- because TTFT measured at the client also contains
 network transit and the gateway. Times are in seconds unless the caller uses another unit
-consistently (the tick simulators in ``servelab.scheduling.batching`` pass ticks). A request's *emit times*
-are the instants its output tokens left that boundary, in order.
+consistently (the tick simulators in ``servelab.scheduling.batching`` pass ticks). A request's *emit
+times* are the instants its output tokens left that boundary, in order.
 
 The roofline (ridge point, prefill and decode FLOPs and bytes) is :mod:`servelab.metrics.roofline`.
 """
@@ -48,7 +48,9 @@ def _require_emit_times(emit_times: object, minimum_count: int = 1) -> list:
         raise TypeError("emit_times must be a list or tuple of emit instants")
     times = list(emit_times)
     if len(times) < minimum_count:
-        raise ValueError(f"emit_times must hold at least {minimum_count} instants, got {len(times)}")
+        raise ValueError(
+            f"emit_times must hold at least {minimum_count} instants, got {len(times)}"
+        )
     for t in times:
         require_real("emit_times[i]", t, -math.inf)
     if any(b < a for a, b in zip(times, times[1:])):
@@ -153,7 +155,9 @@ class RequestTiming:
 
 
 def _require_records(records: object) -> list[RequestTiming]:
-    if not isinstance(records, (list, tuple)) or not all(isinstance(r, RequestTiming) for r in records):
+    if not isinstance(records, (list, tuple)) or not all(
+        isinstance(r, RequestTiming) for r in records
+    ):
         raise TypeError("records must be a list of RequestTiming")
     if not records:
         raise ValueError("records must hold at least one RequestTiming")
@@ -194,10 +198,14 @@ def throughputs(records: Sequence[RequestTiming], window: tuple[float, float]) -
     done = _completed_in(recs, (start, end))
     span = end - start
     out = sum(r.output_tokens for r in done)
-    return Throughputs(len(done) / span, out / span, (out + sum(r.prompt_tokens for r in done)) / span)
+    return Throughputs(
+        len(done) / span, out / span, (out + sum(r.prompt_tokens for r in done)) / span
+    )
 
 
-def meets_slo(record: RequestTiming, ttft_slo: float, tpot_slo: float, deadline: float | None = None) -> bool:
+def meets_slo(
+    record: RequestTiming, ttft_slo: float, tpot_slo: float, deadline: float | None = None
+) -> bool:
     """True when TTFT <= ttft_slo, TPOT <= tpot_slo and (if given) e2e <= deadline, in seconds.
 
     A single-token request has no TPOT and is judged on TTFT and deadline only.
@@ -213,7 +221,10 @@ def meets_slo(record: RequestTiming, ttft_slo: float, tpot_slo: float, deadline:
 
 
 def slo_attainment(
-    records: Sequence[RequestTiming], ttft_slo: float, tpot_slo: float, deadline: float | None = None
+    records: Sequence[RequestTiming],
+    ttft_slo: float,
+    tpot_slo: float,
+    deadline: float | None = None,
 ) -> float:
     """Fraction (0..1, dimensionless) of requests meeting every SLO: N_slo / N_total.
 
@@ -240,14 +251,17 @@ def goodput(
     start, end = _require_window(window)
     if unit not in ("requests", "tokens"):
         raise ValueError(f"unit must be 'requests' or 'tokens', got {unit!r}")
-    good = [r for r in _completed_in(recs, (start, end)) if meets_slo(r, ttft_slo, tpot_slo, deadline)]
+    good = [
+        r for r in _completed_in(recs, (start, end)) if meets_slo(r, ttft_slo, tpot_slo, deadline)
+    ]
     amount = len(good) if unit == "requests" else sum(r.output_tokens for r in good)
     return amount / (end - start)
 
 
 @dataclass(frozen=True)
 class WindowReport:
-    """Completions, SLO attainment and goodput over ONE population: the requests finished in a window.
+    """Completions, SLO attainment and goodput over ONE population: the requests finished in a
+    window.
 
     ``completed`` requests finished inside the window (``span_s`` seconds long), ``met`` of them met
     every SLO, and they emitted ``output_tokens`` tokens. ``open_at_close`` requests arrived before
@@ -314,7 +328,8 @@ class Percentile:
 
 
 def percentile(values: Sequence[float], q: float) -> Percentile:
-    """The q-th percentile (0 <= q < 100, linear interpolation) with n, warning when n is too small."""
+    """The q-th percentile (0 <= q < 100, linear interpolation) with n, warning when n is too
+    small."""
     if not isinstance(values, (list, tuple, np.ndarray)):
         raise TypeError("values must be a list, tuple or array of numbers")
     data = np.asarray(values, dtype=float)
@@ -325,7 +340,9 @@ def percentile(values: Sequence[float], q: float) -> Percentile:
         raise ValueError(f"q must satisfy 0 <= q < 100, got {q}")
     enough = data.size >= math.ceil(100 / (100 - q) - 1e-9)
     if not enough:
-        warnings.warn(f"p{q:g} from only {data.size} samples is not a tail measurement", stacklevel=2)
+        warnings.warn(
+            f"p{q:g} from only {data.size} samples is not a tail measurement", stacklevel=2
+        )
     return Percentile(q, float(np.percentile(data, q)), int(data.size), bool(enough))
 
 

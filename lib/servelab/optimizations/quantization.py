@@ -1,23 +1,26 @@
-"""Weight-only int8 quantization of the Llama projections, and KV-cache quantization as a capacity question.
+"""Weight-only int8 quantization of the Llama projections, and KV-cache quantization as a capacity
+question.
 
 Two separate design points, kept apart on purpose (they are often conflated):
 
-*Weights.* Every projection of the decoder (the packed ``qkv_proj`` and ``gate_up_proj``, ``o_proj``,
-``down_proj``) gets an int8 weight and one float32 scale per output channel (per row of the ``[out, in]``
-weight), chosen symmetrically so that the row's largest absolute value maps to 127. :class:`Int8Linear`
-keeps only those two tensors and computes ``y = (x @ W_q^T) * scale``: the int8 weight is converted to
-the activation dtype on the fly and the per-row scale is applied to the output, which equals multiplying
-the dequantized weight because each scale belongs to exactly one output channel. Activations stay in
-floating point (weight-only, "W8A16"/"W8A32"). The embedding table and the LM head tied to it are
-not quantized: they are kept in the model's dtype, and :func:`model_weight_bytes` counts them.
+*Weights.* Every projection of the decoder (the packed ``qkv_proj`` and ``gate_up_proj``,
+``o_proj``, ``down_proj``) gets an int8 weight and one float32 scale per output channel (per row of
+the ``[out, in]`` weight), chosen symmetrically so that the row's largest absolute value maps to
+127. :class:`Int8Linear` keeps only those two tensors and computes ``y = (x @ W_q^T) * scale``: the
+int8 weight is converted to the activation dtype on the fly and the per-row scale is applied to the
+output, which equals multiplying the dequantized weight because each scale belongs to exactly one
+output channel. Activations stay in floating point (weight-only, "W8A16"/"W8A32"). The embedding
+table and the LM head tied to it are not quantized: they are kept in the model's dtype, and
+:func:`model_weight_bytes` counts them.
 
 *KV cache.* Quantizing the cache changes how many tokens fit, not how many bytes the weights take.
 :func:`kv_capacity` compares cache formats for one memory budget using the one KV formula the course
 has (``servelab.kv.kv_bytes_per_token``); a per-group scale is charged with the same formula.
 
 System boundary: a ``LlamaForCausalLM`` in, the same object with its projections swapped out; bytes
-are the stored tensor payload (``numel * element_size``), excluding allocator padding and workspaces.
-Nothing here measures accuracy or speed; the chapter notebook does, on the shipped model.
+are the stored tensor payload (``numel * element_size``), excluding allocator padding and
+workspaces. Nothing here measures accuracy or speed; the chapter notebook does, on the shipped
+model.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ __all__ = [
 ]
 
 INT8_MAX = 127
-"""Symmetric int8 range is [-127, 127]; -128 is left unused so that +x and -x round symmetrically."""
+"""Symmetric int8 range is [-127, 127]; -128 is left unused so that +x and -x round
+symmetrically."""
 
 PROJECTION_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 """The ``nn.Linear`` attributes of a Llama decoder layer that :func:`quantize_model` replaces."""
@@ -62,15 +66,19 @@ PROJECTION_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 def quantize_per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel int8 quantization of a ``[out_features, in_features]`` weight.
 
-    Returns ``(q, scale)``: int8 ``q`` of the same shape and float32 ``scale`` of shape ``[out]`` with
-    ``weight ~= q * scale[:, None]``. Row ``i``'s scale is ``max|weight[i]| / 127``; an all-zero row
-    gets scale 1 (its codes are all 0, so any positive scale reproduces it exactly). The rounding
-    error of every element is at most ``scale / 2``.
+    Returns ``(q, scale)``: int8 ``q`` of the same shape and float32 ``scale`` of shape ``[out]``
+    with ``weight ~= q * scale[:, None]``. Row ``i``'s scale is ``max|weight[i]| / 127``; an
+    all-zero row gets scale 1 (its codes are all 0, so any positive scale reproduces it exactly).
+    The rounding error of every element is at most ``scale / 2``.
     """
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        raise TypeError(f"weight must be a floating-point torch.Tensor, got {type(weight).__name__}")
+        raise TypeError(
+            f"weight must be a floating-point torch.Tensor, got {type(weight).__name__}"
+        )
     if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D [out_features, in_features], got shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must be 2-D [out_features, in_features], got shape {tuple(weight.shape)}"
+        )
     if not torch.isfinite(weight).all():
         raise ValueError("weight must be finite (no NaN or inf) to be quantized")
     w = weight.detach().float()
@@ -81,11 +89,15 @@ def quantize_per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The float32 weight ``q * scale[:, None]`` that an int8 weight and its per-row scales stand for."""
+    """The float32 weight ``q * scale[:, None]`` that an int8 weight and its per-row scales stand
+    for."""
     if q.dtype != torch.int8 or q.dim() != 2:
         raise ValueError(f"q must be a 2-D int8 tensor, got {q.dtype} with shape {tuple(q.shape)}")
     if scale.shape != (q.shape[0],):
-        raise ValueError(f"scale must have shape ({q.shape[0]},) (one per output channel), got {tuple(scale.shape)}")
+        raise ValueError(
+            f"scale must have shape ({q.shape[0]},) (one per output channel), got "
+            f"{tuple(scale.shape)}"
+        )
     return q.float() * scale.float()[:, None]
 
 
@@ -93,14 +105,17 @@ class Int8Linear(nn.Module):
     """A bias-free linear layer holding an int8 weight and float32 per-output-channel scales.
 
     ``forward(x)`` returns ``(x @ W_q^T) * scale`` in ``x``'s dtype: the int8 codes are cast to the
-    activation dtype for the matmul and the scale multiplies the ``[*, out]`` result. Both tensors are
+    activation dtype for the matmul and the scale multiplies the ``[*, out]`` result. Both tensors
+    are
     buffers (not parameters): nothing here is trained.
     """
 
     def __init__(self, weight_q: torch.Tensor, scale: torch.Tensor) -> None:
         super().__init__()
         if weight_q.dtype != torch.int8 or weight_q.dim() != 2:
-            raise ValueError(f"weight_q must be a 2-D int8 tensor, got {weight_q.dtype} {tuple(weight_q.shape)}")
+            raise ValueError(
+                f"weight_q must be a 2-D int8 tensor, got {weight_q.dtype} {tuple(weight_q.shape)}"
+            )
         if scale.shape != (weight_q.shape[0],) or not scale.is_floating_point():
             raise ValueError(f"scale must be a float tensor of shape ({weight_q.shape[0]},), got "
                              f"{scale.dtype} {tuple(scale.shape)}")
@@ -114,7 +129,9 @@ class Int8Linear(nn.Module):
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         if linear.bias is not None:
-            raise ValueError("linear must have no bias (Int8Linear quantizes bias-free projections only)")
+            raise ValueError(
+                "linear must have no bias (Int8Linear quantizes bias-free projections only)"
+            )
         q, scale = quantize_per_channel_int8(linear.weight)
         return cls(q.to(linear.weight.device), scale.to(linear.weight.device))
 
@@ -146,14 +163,14 @@ def quantize_model(model: LlamaForCausalLM) -> LlamaForCausalLM:
 
 
 def quantize_model_dynamic(model: LlamaForCausalLM) -> LlamaForCausalLM:
-    """The kernel path: every decoder projection becomes PyTorch's dynamically quantized linear layer
-    (``torch.ao``), in place; returns the same object.
+    """The kernel path: every decoder projection becomes PyTorch's dynamically quantized linear
+    layer (``torch.ao``), in place; returns the same object.
 
-    Unlike :class:`Int8Linear`, which converts its int8 codes back to floats on every call, this layer's
-    kernel (fbgemm or oneDNN on x86 CPUs) reads the int8 weight directly: the activations are quantized
-    to int8 per call (one scale per batch), multiplied in integer arithmetic and rescaled. Weights keep
-    one scale per output channel, as in :func:`quantize_per_channel_int8`. CPU only; embeddings, norms and
-    the tied LM head stay in floating point.
+    Unlike :class:`Int8Linear`, which converts its int8 codes back to floats on every call, this
+    layer's kernel (fbgemm or oneDNN on x86 CPUs) reads the int8 weight directly: the activations
+    are quantized to int8 per call (one scale per batch), multiplied in integer arithmetic and
+    rescaled. Weights keep one scale per output channel, as in :func:`quantize_per_channel_int8`.
+    CPU only; embeddings, norms and the tied LM head stay in floating point.
     """
     if not isinstance(model, LlamaForCausalLM):
         raise TypeError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
@@ -163,23 +180,30 @@ def quantize_model_dynamic(model: LlamaForCausalLM) -> LlamaForCausalLM:
     if not names:
         raise ValueError("model has no floating-point projections left to quantize")
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-    with warnings.catch_warnings():  # torch.ao's eager API announces its move to torchao on every call
+    # torch.ao's eager API announces its move to torchao on every call
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return torch.ao.quantization.quantize_dynamic(model, dict.fromkeys(names, qconfig), inplace=True)
+        return torch.ao.quantization.quantize_dynamic(
+            model, dict.fromkeys(names, qconfig), inplace=True
+        )
 
 
 def _dynamic_int8_bytes(module: nn.Module) -> tuple[int, int]:
     """(int8 weight bytes, scale bytes) of a ``torch.ao`` dynamically quantized linear layer."""
     weight = module.weight()
-    scales = weight.q_per_channel_scales() if weight.qscheme() == torch.per_channel_affine else torch.ones(1)
+    scales = (
+        weight.q_per_channel_scales()
+        if weight.qscheme() == torch.per_channel_affine
+        else torch.ones(1)
+    )
     return weight.numel() * weight.element_size(), scales.numel() * scales.element_size()
 
 
 def model_weight_bytes(model: nn.Module) -> dict[str, int]:
     """Stored bytes of ``model``'s weights, split by kind; shared (tied) tensors are counted once.
 
-    Keys: ``"int8_weights"`` (int8 codes, of :class:`Int8Linear` or of :func:`quantize_model_dynamic`'s
-    layers), ``"scales"`` (their float scales), ``"float_weights"``
+    Keys: ``"int8_weights"`` (int8 codes, of :class:`Int8Linear` or of
+    :func:`quantize_model_dynamic`'s layers), ``"scales"`` (their float scales), ``"float_weights"``
     (every other parameter or buffer: embeddings, norms, unquantized projections) and ``"total"``.
     """
     if not isinstance(model, nn.Module):
@@ -212,9 +236,9 @@ def model_weight_bytes(model: nn.Module) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class KVFormat:
-    """How one KV element is stored: ``bytes_per_elem`` bytes, plus one scale of ``scale_bytes`` bytes
-    per ``scale_group`` consecutive elements of a head vector (``scale_group=None``: one scale for the
-    whole tensor, negligible per token)."""
+    """How one KV element is stored: ``bytes_per_elem`` bytes, plus one scale of ``scale_bytes``
+    bytes per ``scale_group`` consecutive elements of a head vector (``scale_group=None``: one scale
+    for the whole tensor, negligible per token)."""
 
     name: str
     bytes_per_elem: int
@@ -226,7 +250,9 @@ class KVFormat:
             raise ValueError(f"bytes_per_elem must be an int >= 1, got {self.bytes_per_elem!r}")
         if not isinstance(self.scale_bytes, int) or self.scale_bytes < 0:
             raise ValueError(f"scale_bytes must be an int >= 0, got {self.scale_bytes!r}")
-        if self.scale_group is not None and (not isinstance(self.scale_group, int) or self.scale_group < 1):
+        if self.scale_group is not None and (
+            not isinstance(self.scale_group, int) or self.scale_group < 1
+        ):
             raise ValueError(f"scale_group must be None or an int >= 1, got {self.scale_group!r}")
         if (self.scale_group is None) != (self.scale_bytes == 0):
             raise ValueError("scale_group and scale_bytes go together: both set (per-group scales) "
@@ -243,7 +269,9 @@ class KVFormat:
             return payload
         if d_head % self.scale_group:
             raise ValueError(f"scale_group ({self.scale_group}) must divide d_head ({d_head})")
-        return payload + kv_bytes_per_token(n_layer, n_kv_head, d_head // self.scale_group, self.scale_bytes)
+        return payload + kv_bytes_per_token(
+            n_layer, n_kv_head, d_head // self.scale_group, self.scale_bytes
+        )
 
 
 KV_FORMATS = (
@@ -269,11 +297,16 @@ def kv_capacity(memory_bytes: int, n_layer: int, n_kv_head: int, d_head: int, co
     """Tokens and full-length requests that ``memory_bytes`` of KV cache holds in each format.
 
     ``context_tokens`` is the cached length of one request (prompt plus output); ``requests`` is
-    ``floor(tokens / context_tokens)``. Weights, workspaces and block-rounding are outside the budget.
+    ``floor(tokens / context_tokens)``. Weights, workspaces and block-rounding are outside the
+    budget.
     """
     if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 1:
         raise ValueError(f"memory_bytes must be an int >= 1, got {memory_bytes!r}")
-    if isinstance(context_tokens, bool) or not isinstance(context_tokens, int) or context_tokens < 1:
+    if (
+        isinstance(context_tokens, bool)
+        or not isinstance(context_tokens, int)
+        or context_tokens < 1
+    ):
         raise ValueError(f"context_tokens must be an int >= 1, got {context_tokens!r}")
     if not formats or not all(isinstance(f, KVFormat) for f in formats):
         raise ValueError("formats must be a non-empty tuple of KVFormat")

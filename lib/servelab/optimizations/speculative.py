@@ -1,27 +1,29 @@
-"""Speculative decoding: the exact accept/correct rule, and a draft-then-verify decoder with a KV cache.
+"""Speculative decoding: the exact accept/correct rule, and a draft-then-verify decoder with a KV
+cache.
 
 *The rule* (pure NumPy, one position at a time). A cheap draft model proposes token ``x`` drawn from
 its distribution ``q``; the target model's distribution at the same position is ``p``. Keep ``x``
 with probability ``min(1, p(x) / q(x))``. On rejection, draw the replacement from the residual
-``norm(max(0, p - q))``. If all ``k`` drafted tokens of a cycle survive, the target's distribution at
-the position after them gives one more ("bonus") token for free. Whatever ``q`` is, every emitted
+``norm(max(0, p - q))``. If all ``k`` drafted tokens of a cycle survive, the target's distribution
+at the position after them gives one more ("bonus") token for free. Whatever ``q`` is, every emitted
 token is distributed exactly as ``p`` (:func:`output_distribution` computes the marginal by
 enumeration). ``p`` and ``q`` must be the distributions *after* the request's sampling transforms
 (temperature, filters, penalties): at temperature 0 both are one-hot and the rule reduces to "keep
 the draft token while it equals the target's argmax", so the output is the target's greedy output.
 
 *The decoder* (:func:`speculative_generate`) runs a real target with one of two proposers: a draft
-:class:`~servelab.model.LlamaForCausalLM`, or :class:`PromptLookupProposer` (prompt-lookup, or n-gram,
+:class:`~servelab.model.LlamaForCausalLM`, or :class:`PromptLookupProposer` (prompt-lookup, or
+n-gram,
 drafting: no second model; the drafts are the tokens that followed the latest earlier occurrence of
 the sequence's last n-gram). A deterministic proposer drafts from a one-hot ``q``, so the same rule
-applies unchanged: keep ``x`` with probability ``p(x)``, otherwise draw from ``p`` with ``x`` removed
-and renormalised. Each model keeps one sequence's K/V in a
-:class:`KVSession`, a single-sequence user of the engine's paged pool and paged attention backend
-(``servelab.engine.model_runner``), so there is no second attention implementation here. Per cycle the
-bookkeeping keeps three counts apart, as a serving scheduler must:
+applies unchanged: keep ``x`` with probability ``p(x)``, otherwise draw from ``p`` with ``x``
+removed and renormalised. Each model keeps one sequence's K/V in a :class:`KVSession`, a
+single-sequence user of the engine's paged pool and paged attention backend
+(``servelab.engine.model_runner``), so there is no second attention implementation here. Per cycle
+the bookkeeping keeps three counts apart, as a serving scheduler must:
 
-* *verified*: drafted tokens the target scored (``k`` per cycle, fewer near ``max_new_tokens`` or when
-  the n-gram proposer finds fewer);
+* *verified*: drafted tokens the target scored (``k`` per cycle, fewer near ``max_new_tokens`` or
+  when the n-gram proposer finds fewer);
 * *emitted*: tokens appended to the output (accepted drafts plus one correction or bonus token);
 * *KV increment*: K/V entries written by the verify pass, split into *committed* (kept: they belong
   to emitted tokens) and *rolled back* (written for rejected drafts, then discarded by moving the
@@ -66,30 +68,45 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 
 
-def _pair(p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pair(
+    p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Validate a target/draft pair of probability vectors over the same vocabulary."""
     p, q = _check_probs(p, "p"), _check_probs(q, "q")
     if p.size != q.size:
-        raise ValueError(f"q has {q.size} entries but p has {p.size}: target and draft must share a vocabulary")
+        raise ValueError(
+            f"q has {q.size} entries but p has {p.size}: target and draft must share a vocabulary"
+        )
     return p, q
 
 
 def acceptance_probability(p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray,
                            token: int) -> float:
-    """``min(1, p[token] / q[token])``: the chance a drafted ``token`` (drawn from ``q``) is kept."""
+    """``min(1, p[token] / q[token])``: the chance a drafted ``token`` (drawn from ``q``) is
+    kept."""
     p, q = _pair(p, q)
-    if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < p.size:
+    if (
+        isinstance(token, bool)
+        or not isinstance(token, (int, np.integer))
+        or not 0 <= token < p.size
+    ):
         raise ValueError(f"token must be an int id in [0, {p.size - 1}], got {token!r}")
     if q[token] <= 0:
-        raise ValueError(f"token {token} has draft probability q[token] = 0, so it cannot have been drafted from q")
+        raise ValueError(
+            f"token {token} has draft probability q[token] = 0, so it cannot have been "
+            f"drafted from q"
+        )
     return float(min(1.0, p[token] / q[token]))
 
 
-def residual_distribution(p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray) -> np.ndarray:
+def residual_distribution(
+    p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray
+) -> np.ndarray:
     """``norm(max(0, p - q))``: where a rejected draft's replacement is drawn from.
 
     It puts mass exactly where the target wants more than the draft offered. When ``p == q`` the
-    residual is empty; rejection then has probability 0, and ``p`` is returned so the function is total.
+    residual is empty; rejection then has probability 0, and ``p`` is returned so the function is
+    total.
     """
     p, q = _pair(p, q)
     excess = np.maximum(p - q, 0.0)
@@ -97,12 +114,14 @@ def residual_distribution(p: Sequence[float] | np.ndarray, q: Sequence[float] | 
     return p if total <= 0 else excess / total
 
 
-def output_distribution(p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray) -> np.ndarray:
+def output_distribution(
+    p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray
+) -> np.ndarray:
     """The exact marginal of one accept/correct step, by enumerating every draft token and branch.
 
-    ``P(out = y) = q(y) * min(1, p(y)/q(y)) + P(reject) * residual(y)``, with
-    ``P(reject) = sum_x q(x) * (1 - min(1, p(x)/q(x)))``. It equals ``p`` up to float rounding, for any
-    ``q`` over the same vocabulary: this is the statement that speculative sampling is lossless.
+    ``P(out = y) = q(y) * min(1, p(y)/q(y)) + P(reject) * residual(y)``, with ``P(reject) = sum_x
+    q(x) * (1 - min(1, p(x)/q(x)))``. It equals ``p`` up to float rounding, for any ``q`` over the
+    same vocabulary: this is the statement that speculative sampling is lossless.
     """
     p, q = _pair(p, q)
     keep = np.where(q > 0, np.minimum(1.0, np.divide(p, q, out=np.zeros_like(p), where=q > 0)), 0.0)
@@ -124,10 +143,10 @@ def verify_draft(target_probs: Sequence[np.ndarray], draft_probs: Sequence[np.nd
                  draft_tokens: Sequence[int], rng: np.random.Generator) -> Verdict:
     """Apply the accept/correct rule left to right to ``k`` drafted tokens.
 
-    ``target_probs`` holds ``k + 1`` distributions (the target after each prefix of the draft, the last
-    one after all ``k`` drafts); ``draft_probs`` the ``k`` distributions the drafts were drawn from.
-    One uniform is drawn per examined draft, and one :func:`~servelab.sampling.sample` call makes the
-    correction or bonus token.
+    ``target_probs`` holds ``k + 1`` distributions (the target after each prefix of the draft, the
+    last one after all ``k`` drafts); ``draft_probs`` the ``k`` distributions the drafts were drawn
+    from. One uniform is drawn per examined draft, and one :func:`~servelab.sampling.sample` call
+    makes the correction or bonus token.
     """
     k = len(draft_tokens)
     if k < 1:
@@ -154,12 +173,13 @@ def verify_draft(target_probs: Sequence[np.ndarray], draft_probs: Sequence[np.nd
 
 
 class KVSession:
-    """One sequence's K/V for one model, kept in a private paged block pool of ``capacity_tokens`` slots.
+    """One sequence's K/V for one model, kept in a private paged block pool of ``capacity_tokens``
+    slots.
 
-    The block table is simply blocks ``0, 1, 2, ...``. :attr:`length` counts the positions whose K/V is
-    committed; :meth:`extend` writes new positions after it and :meth:`rollback` moves it back. Rolled-
-    back slots still hold stale K/V, but attention masks every key at or beyond a query's own
-    position, and the next :meth:`extend` overwrites them.
+    The block table is simply blocks ``0, 1, 2, ...``. :attr:`length` counts the positions whose K/V
+    is committed; :meth:`extend` writes new positions after it and :meth:`rollback` moves it back.
+    Rolled- back slots still hold stale K/V, but attention masks every key at or beyond a query's
+    own position, and the next :meth:`extend` overwrites them.
 
     With ``reuse_cache=False`` the session models decoding *without* a KV cache: every
     :meth:`extend` recomputes all committed positions before the new ones (same logits, the cost of
@@ -170,11 +190,20 @@ class KVSession:
                  reuse_cache: bool = True) -> None:
         if not isinstance(model, LlamaForCausalLM):
             raise TypeError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
-        if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int) or capacity_tokens < 1:
+        if (
+            isinstance(capacity_tokens, bool)
+            or not isinstance(capacity_tokens, int)
+            or capacity_tokens < 1
+        ):
             raise ValueError(f"capacity_tokens must be an int >= 1, got {capacity_tokens!r}")
         cfg = model.config
         weight = model.model.embed_tokens.weight
-        self.model, self.device, self.dtype, self.block_size = model, weight.device, weight.dtype, block_size
+        self.model, self.device, self.dtype, self.block_size = (
+            model,
+            weight.device,
+            weight.dtype,
+            block_size,
+        )
         num_blocks = -(-capacity_tokens // block_size)
         self.cache = KVCache(cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads,
                              cfg.head_dim, weight.dtype, weight.device)
@@ -185,21 +214,24 @@ class KVSession:
 
     @torch.inference_mode()
     def extend(self, token_ids: Sequence[int], n_logits: int) -> torch.Tensor:
-        """Append ``token_ids`` at positions ``length ..``; float32 logits ``[n_logits, vocab]`` of the
-        last ``n_logits`` of them (row ``i`` predicts the token after that position)."""
+        """Append ``token_ids`` at positions ``length ..``; float32 logits ``[n_logits, vocab]`` of
+        the last ``n_logits`` of them (row ``i`` predicts the token after that position)."""
         count = len(token_ids)
         if count < 1:
             raise ValueError("token_ids must hold at least one token")
         if not 1 <= n_logits <= count:
             raise ValueError(f"n_logits must be in [1, {count}], got {n_logits}")
         if self.length + count > self.capacity:
-            raise ValueError(f"extending {self.length} cached tokens by {count} exceeds capacity {self.capacity}")
+            raise ValueError(
+                f"extending {self.length} cached tokens by {count} exceeds capacity {self.capacity}"
+            )
         feed = self.tokens + [int(t) for t in token_ids]
         start = self.length if self.reuse_cache else 0
         end = len(feed)
         table = list(range(-(-end // self.block_size)))
-        self.backend.metadata = build_metadata([(start, end - start, table)], self.block_size, self.device,
-                                               self.dtype)
+        self.backend.metadata = build_metadata(
+            [(start, end - start, table)], self.block_size, self.device, self.dtype
+        )
         try:
             ids = torch.tensor(feed[start:], device=self.device)
             positions = torch.arange(start, end, device=self.device)
@@ -223,7 +255,8 @@ class KVSession:
         return dropped
 
     def cached_keys(self, layer: int) -> torch.Tensor:
-        """Layer ``layer``'s committed keys, ``[length, kv_heads, head_dim]`` (for checks and figures)."""
+        """Layer ``layer``'s committed keys, ``[length, kv_heads, head_dim]`` (for checks and
+        figures)."""
         return self.cache.k[layer].flatten(1, 2)[:, : self.length].transpose(0, 1).clone()
 
 
@@ -233,13 +266,14 @@ class KVSession:
 
 
 class PromptLookupProposer:
-    """Draft by copying: find the sequence's last ``n``-gram earlier in the sequence (prompt and output so
-    far) and propose the tokens that followed it there.
+    """Draft by copying: find the sequence's last ``n``-gram earlier in the sequence (prompt and
+    output so far) and propose the tokens that followed it there.
 
-    ``n`` runs from ``max_ngram`` down to ``min_ngram``; the first ``n`` with an earlier occurrence wins,
-    and of its occurrences the latest one. No match proposes nothing, and the cycle is a plain decode
-    step. It costs no forward pass and keeps no K/V: on text that repeats itself (code edits, quoting
-    the prompt, a model stuck in a loop) it drafts well, elsewhere it mostly proposes nothing.
+    ``n`` runs from ``max_ngram`` down to ``min_ngram``; the first ``n`` with an earlier occurrence
+    wins, and of its occurrences the latest one. No match proposes nothing, and the cycle is a plain
+    decode step. It costs no forward pass and keeps no K/V: on text that repeats itself (code edits,
+    quoting the prompt, a model stuck in a loop) it drafts well, elsewhere it mostly proposes
+    nothing.
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
@@ -273,9 +307,9 @@ def _one_hot(token: int, size: int) -> np.ndarray:
 class CycleRecord:
     """Bookkeeping of one draft-then-verify cycle (all counts are tokens or K/V entries per model).
 
-    ``verified`` drafts were scored by the target, ``accepted`` of them kept, ``emitted`` tokens added
-    to the output. The target wrote ``target_kv_written`` K/V entries (catch-up tokens plus drafts), of
-    which ``target_kv_rolled_back`` were discarded; the draft model likewise.
+    ``verified`` drafts were scored by the target, ``accepted`` of them kept, ``emitted`` tokens
+    added to the output. The target wrote ``target_kv_written`` K/V entries (catch-up tokens plus
+    drafts), of which ``target_kv_rolled_back`` were discarded; the draft model likewise.
     """
 
     verified: int
@@ -326,7 +360,11 @@ def _check_request(prompt_ids: Sequence[int], max_new_tokens: int, params: Sampl
            or not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"prompt_ids must be int ids in [0, {vocab_size - 1}], got {bad[:3]}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 1
+    ):
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -343,13 +381,21 @@ def _session(model: LlamaForCausalLM, name: str, positions: int, reuse_cache: bo
     return KVSession(model, positions, reuse_cache=reuse_cache)
 
 
-def _distribution(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> np.ndarray:
+def _distribution(
+    logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]
+) -> np.ndarray:
     return next_token_distribution(logits.cpu().numpy(), params, prompt, output)
 
 
-def autoregressive_generate(model: LlamaForCausalLM, prompt_ids: Sequence[int], params: SamplingParams,
-                            rng: np.random.Generator, max_new_tokens: int, eos_token_id: int | None = None,
-                            reuse_cache: bool = True) -> list[int]:
+def autoregressive_generate(
+    model: LlamaForCausalLM,
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+    rng: np.random.Generator,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    reuse_cache: bool = True,
+) -> list[int]:
     """The baseline: one forward pass and one sampling step per token (same session and sampler as
     :func:`speculative_generate`, so timings compare like with like). ``reuse_cache=False``
     recomputes the whole sequence at every step, as if there were no KV cache."""
@@ -369,9 +415,17 @@ def autoregressive_generate(model: LlamaForCausalLM, prompt_ids: Sequence[int], 
     return out
 
 
-def _draft(session: KVSession, sequence: list[int], k: int, params: SamplingParams, prompt: list[int],
-           out: list[int], rng: np.random.Generator) -> tuple[list[int], list[np.ndarray], int]:
-    """Run the draft ``k`` times; returns drafted tokens, their distributions and K/V entries written."""
+def _draft(
+    session: KVSession,
+    sequence: list[int],
+    k: int,
+    params: SamplingParams,
+    prompt: list[int],
+    out: list[int],
+    rng: np.random.Generator,
+) -> tuple[list[int], list[np.ndarray], int]:
+    """Run the draft ``k`` times; returns drafted tokens, their distributions and K/V entries
+    written."""
     start = session.length
     feed = sequence[start:]
     tokens: list[int] = []
@@ -390,16 +444,30 @@ def _check_pair(target: LlamaForCausalLM, draft: LlamaForCausalLM | PromptLookup
     if isinstance(draft, PromptLookupProposer):
         return
     if not isinstance(draft, LlamaForCausalLM):
-        raise TypeError(f"draft must be a LlamaForCausalLM or a PromptLookupProposer, got {type(draft).__name__}")
+        raise TypeError(
+            f"draft must be a LlamaForCausalLM or a PromptLookupProposer, got "
+            f"{type(draft).__name__}"
+        )
     if target.config.vocab_size != draft.config.vocab_size:
-        raise ValueError(f"draft vocabulary ({draft.config.vocab_size}) differs from the target's "
-                         f"({target.config.vocab_size}): the draft must share the target's tokenizer")
+        raise ValueError(
+            f"draft vocabulary ({draft.config.vocab_size}) differs from the target's "
+            f"({target.config.vocab_size}): the draft must share the target's tokenizer"
+        )
 
 
-def _propose(draft: LlamaForCausalLM | PromptLookupProposer, draft_kv: KVSession | None, sequence: list[int],
-             k: int, params: SamplingParams, prompt: list[int], out: list[int], rng: np.random.Generator,
-             vocab_size: int) -> tuple[list[int], list[np.ndarray], int]:
-    """Up to ``k`` drafts, the distributions they were drawn from, and the draft K/V entries written."""
+def _propose(
+    draft: LlamaForCausalLM | PromptLookupProposer,
+    draft_kv: KVSession | None,
+    sequence: list[int],
+    k: int,
+    params: SamplingParams,
+    prompt: list[int],
+    out: list[int],
+    rng: np.random.Generator,
+    vocab_size: int,
+) -> tuple[list[int], list[np.ndarray], int]:
+    """Up to ``k`` drafts, the distributions they were drawn from, and the draft K/V entries
+    written."""
     if k == 0:
         return [], [], 0
     if draft_kv is None:  # a deterministic proposer drafts from a one-hot q
@@ -408,18 +476,27 @@ def _propose(draft: LlamaForCausalLM | PromptLookupProposer, draft_kv: KVSession
     return _draft(draft_kv, sequence, k, params, prompt, out, rng)
 
 
-def speculative_generate(target: LlamaForCausalLM, draft: LlamaForCausalLM | PromptLookupProposer,
-                         prompt_ids: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
-                         max_new_tokens: int, eos_token_id: int | None = None,
-                         reuse_cache: bool = True) -> SpeculativeResult:
-    """Generate up to ``max_new_tokens`` tokens, at most ``k`` drafted tokens per target verify pass.
+def speculative_generate(
+    target: LlamaForCausalLM,
+    draft: LlamaForCausalLM | PromptLookupProposer,
+    prompt_ids: Sequence[int],
+    k: int,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    reuse_cache: bool = True,
+) -> SpeculativeResult:
+    """Generate up to ``max_new_tokens`` tokens, at most ``k`` drafted tokens per target verify
+    pass.
 
     ``draft`` is a draft model sharing the target's tokenizer, or a :class:`PromptLookupProposer`.
-    Every emitted token is distributed as the target's :func:`~servelab.sampling.next_token_distribution`
-    under ``params``; with ``temperature=0`` the output equals the target's greedy output. Generation
-    stops after ``eos_token_id`` (included) or ``max_new_tokens``. The first verify pass also prefills
-    the prompt into the target; a draft model prefills on its first drafting step. ``reuse_cache=False``
-    makes the models recompute the whole sequence at every pass (speculation without a KV cache).
+    Every emitted token is distributed as the target's
+    :func:`~servelab.sampling.next_token_distribution` under ``params``; with ``temperature=0`` the
+    output equals the target's greedy output. Generation stops after ``eos_token_id`` (included) or
+    ``max_new_tokens``. The first verify pass also prefills the prompt into the target; a draft
+    model prefills on its first drafting step. ``reuse_cache=False`` makes the models recompute the
+    whole sequence at every pass (speculation without a KV cache).
     """
     _check_pair(target, draft)
     prompt = _check_request(prompt_ids, max_new_tokens, params, rng, target.config.vocab_size)
@@ -428,18 +505,34 @@ def speculative_generate(target: LlamaForCausalLM, draft: LlamaForCausalLM | Pro
     # a verify pass never runs past the last position to emit: k shrinks near max_new_tokens
     positions = len(prompt) + max_new_tokens
     target_kv = _session(target, "target", positions, reuse_cache)
-    draft_kv = None if isinstance(draft, PromptLookupProposer) else _session(draft, "draft", positions, reuse_cache)
+    draft_kv = (
+        None
+        if isinstance(draft, PromptLookupProposer)
+        else _session(draft, "draft", positions, reuse_cache)
+    )
     result = SpeculativeResult()
     sequence = list(prompt)
     while len(result.tokens) < max_new_tokens:
         n = len(sequence)
         k_cycle = min(k, max_new_tokens - len(result.tokens) - 1)
-        drafts, q_rows, draft_written = _propose(draft, draft_kv, sequence, k_cycle, params, prompt, result.tokens,
-                                                 rng, target.config.vocab_size)
+        drafts, q_rows, draft_written = _propose(
+            draft,
+            draft_kv,
+            sequence,
+            k_cycle,
+            params,
+            prompt,
+            result.tokens,
+            rng,
+            target.config.vocab_size,
+        )
         k_cycle = len(drafts)
         catch_up = sequence[target_kv.length:]
         logits = target_kv.extend(catch_up + drafts, k_cycle + 1)
-        p_rows = [_distribution(logits[i], params, prompt, result.tokens + drafts[:i]) for i in range(k_cycle + 1)]
+        p_rows = [
+            _distribution(logits[i], params, prompt, result.tokens + drafts[:i])
+            for i in range(k_cycle + 1)
+        ]
         if k_cycle:
             verdict = verify_draft(p_rows, q_rows, drafts, rng)
         else:
@@ -452,8 +545,11 @@ def speculative_generate(target: LlamaForCausalLM, draft: LlamaForCausalLM | Pro
         result.tokens += emitted
         # keep K/V only for positions whose token is now part of the sequence (all but the newest)
         target_dropped = target_kv.rollback(len(sequence) - 1)
-        draft_dropped = (draft_kv.rollback(min(draft_kv.length, n + min(verdict.accepted, len(emitted))))
-                         if draft_kv is not None else 0)
+        draft_dropped = (
+            draft_kv.rollback(min(draft_kv.length, n + min(verdict.accepted, len(emitted))))
+            if draft_kv is not None
+            else 0
+        )
         result.cycles.append(CycleRecord(
             verified=k_cycle, accepted=verdict.accepted, emitted=len(emitted),
             target_kv_written=len(catch_up) + k_cycle, target_kv_rolled_back=target_dropped,

@@ -1,9 +1,10 @@
 """Load and validate the interview-question bank (``bank.yaml``), the single source of §9.
 
 ``load_bank()`` reads the YAML file shipped in this package, checks it against ``schema.json`` and
-against the rules a JSON schema cannot express (unique ids, known tiers and sets, the complete Q1-Q25
-core set, known chapter slugs), and returns frozen dataclasses. Nothing else in the course reads the
-YAML directly: the book page, the assignment export and the tests all go through this module.
+against the rules a JSON schema cannot express (unique ids, known tiers and sets, the complete
+Q1-Q25 core set, known chapter slugs), and returns frozen dataclasses. Nothing else in the course
+reads the YAML directly: the book page, the assignment export and the tests all go through this
+module.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class Tier:
 
 @dataclass(frozen=True)
 class Answer:
-    """The three parts every answer has: how to frame it, the key formula/definition, common mistakes."""
+    """The three parts every answer has: how to frame it, the key formula/definition, common
+    mistakes."""
 
     framework: str
     key: str
@@ -84,8 +86,8 @@ class Answer:
 
 @dataclass(frozen=True)
 class Rubric:
-    """How to mark a free-text answer: points per key idea present, minus ``mistake_points`` for each of
-    the answer's common mistakes the text makes (never below 0)."""
+    """How to mark a free-text answer: points per key idea present, minus ``mistake_points`` for
+    each of the answer's common mistakes the text makes (never below 0)."""
 
     ideas: tuple[tuple[int, str], ...]
     mistake_points: int
@@ -99,8 +101,8 @@ class Rubric:
 class Question:
     """One interview question with its answer and its two links.
 
-    ``chapter`` is ``"<book slug>#<MyST label>"`` (the section that teaches it); ``code`` is the dotted
-    name of the ``servelab`` object that computes or demonstrates it.
+    ``chapter`` is ``"<book slug>#<MyST label>"`` (the section that teaches it); ``code`` is the
+    dotted name of the ``servelab`` object that computes or demonstrates it.
     """
 
     id: str
@@ -158,7 +160,9 @@ class Bank:
         for t in self.tiers:
             if t.id == tier_id:
                 return t
-        raise KeyError(f"tier_id {tier_id!r} is not in the bank (known: {[t.id for t in self.tiers]})")
+        raise KeyError(
+            f"tier_id {tier_id!r} is not in the bank (known: {[t.id for t in self.tiers]})"
+        )
 
     def select(
         self,
@@ -169,7 +173,8 @@ class Bank:
         """Questions chosen by tier or by id, in bank order.
 
         ``ids`` (when given) picks exactly those questions from any set, and each must exist.
-        Otherwise ``tiers`` (default: all) filters the questions of ``set_id`` (``None``: every set).
+        Otherwise ``tiers`` (default: all) filters the questions of ``set_id`` (``None``: every
+        set).
         """
         if ids is not None:
             return _select_ids(self, ids)
@@ -177,7 +182,9 @@ class Bank:
         chosen_tiers = known_tiers if tiers is None else list(tiers)
         unknown = [t for t in chosen_tiers if t not in known_tiers]
         if unknown or not chosen_tiers:
-            raise ValueError(f"tiers must be a non-empty subset of {known_tiers}, got {chosen_tiers}")
+            raise ValueError(
+                f"tiers must be a non-empty subset of {known_tiers}, got {chosen_tiers}"
+            )
         if set_id is not None and set_id not in self.sets:
             raise ValueError(f"set_id must be one of {sorted(self.sets)} or None, got {set_id!r}")
         return [
@@ -205,7 +212,8 @@ def _package_file(name: str) -> Path:
 
 
 def load_raw(path: str | Path | None = None) -> dict[str, Any]:
-    """The bank as plain data (dicts and lists), read from ``path`` or the packaged ``bank.yaml``."""
+    """The bank as plain data (dicts and lists), read from ``path`` or the packaged
+    ``bank.yaml``."""
     source = _package_file("bank.yaml") if path is None else Path(path)
     with source.open(encoding="utf-8") as handle:
         data = yaml.safe_load(handle)
@@ -221,7 +229,9 @@ def _schema_problems(data: dict[str, Any]) -> list[str]:
     validator = jsonschema.Draft202012Validator(schema)
     return [
         f"{'/'.join(map(str, err.absolute_path)) or '<root>'}: {err.message}"
-        for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+        for err in sorted(
+            validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))
+        )
     ]
 
 
@@ -247,9 +257,15 @@ def _cross_field_problems(data: dict[str, Any]) -> list[str]:
             problems.append(f"{d['id']}: set {d['set']!r} is not one of {set_ids}")
     core = [q["id"] for q in data["questions"] if q["set"] == CORE_SET]
     if core != list(CORE_IDS):
-        problems.append(f"set {CORE_SET!r} must hold exactly {CORE_IDS[0]}..{CORE_IDS[-1]} in order, got {core}")
+        problems.append(
+            f"set {CORE_SET!r} must hold exactly {CORE_IDS[0]}..{CORE_IDS[-1]} in order, got {core}"
+        )
     problems.extend(_set_order_problems(data, tier_ids, set_ids))
-    unused = [t for t in tier_ids if not any(q["tier"] == t for q in data["questions"] if q["set"] == CORE_SET)]
+    unused = [
+        t
+        for t in tier_ids
+        if not any(q["tier"] == t for q in data["questions"] if q["set"] == CORE_SET)
+    ]
     if unused:
         problems.append(f"tiers without a core question: {unused}")
     return problems
@@ -267,8 +283,10 @@ def _set_order_problems(data: dict[str, Any], tier_ids: list[str], set_ids: list
                             f"{[(q['id'], q['tier']) for q in questions]}")
         numbers = [int(re.sub(r"\D", "", q["id"]) or 0) for q in questions]
         if numbers != list(range(1, len(questions) + 1)):
-            problems.append(f"set {set_id!r} must number its questions 1..{len(questions)} in file order, "
-                            f"got {[q['id'] for q in questions]}")
+            problems.append(
+                f"set {set_id!r} must number its questions 1..{len(questions)} in file order, "
+                f"got {[q['id'] for q in questions]}"
+            )
     return problems
 
 
@@ -289,11 +307,17 @@ def _question(raw: dict[str, Any]) -> Question:
         tier=raw["tier"],
         title=raw["title"],
         question=raw["question"].strip(),
-        answer=Answer(answer["framework"].strip(), answer["key"].strip(), tuple(m.strip() for m in answer["mistakes"])),
+        answer=Answer(
+            answer["framework"].strip(),
+            answer["key"].strip(),
+            tuple(m.strip() for m in answer["mistakes"]),
+        ),
         chapter=raw["links"]["chapter"],
         code=raw["links"]["code"],
-        rubric=Rubric(tuple((i["points"], i["idea"].strip()) for i in raw["rubric"]["ideas"]),
-                      raw["rubric"]["mistake_points"]),
+        rubric=Rubric(
+            tuple((i["points"], i["idea"].strip()) for i in raw["rubric"]["ideas"]),
+            raw["rubric"]["mistake_points"],
+        ),
     )
 
 
@@ -340,6 +364,8 @@ def resolve_code_link(dotted: str) -> object:
             for attr in parts[cut:]:
                 obj = getattr(obj, attr)
         except AttributeError:
-            raise ImportError(f"dotted {dotted!r}: {module} has no {'.'.join(parts[cut:])}") from None
+            raise ImportError(
+                f"dotted {dotted!r}: {module} has no {'.'.join(parts[cut:])}"
+            ) from None
         return obj
     raise ImportError(f"dotted {dotted!r}: no importable module prefix")

@@ -1,12 +1,13 @@
-"""The multi-tenant assistant design exercise (bank entry D1), computed with ``servelab.metrics.capacity``.
+"""The multi-tenant assistant design exercise (bank entry D1), computed with
+``servelab.metrics.capacity``.
 
 Every planning input is a field of :class:`DesignAssumptions`, so an instructor or a student changes
 one argument and the whole table follows::
 
     solve_design(DesignAssumptions(per_replica_rate=3.0)).plan.total
 
-Nothing is computed here that ``servelab.metrics.capacity`` already computes; this module only wires the
-exercise's assumptions into those functions and lays the results out as a table.
+Nothing is computed here that ``servelab.metrics.capacity`` already computes; this module only wires
+the exercise's assumptions into those functions and lays the results out as a table.
 """
 
 from __future__ import annotations
@@ -16,23 +17,30 @@ from dataclasses import dataclass
 from servelab.metrics import capacity
 from servelab.metrics.capacity import CostBreakdown, ReplicaPlan
 
-__all__ = ["DesignAssumptions", "DesignResult", "design_rows", "design_table_markdown", "solve_design"]
+__all__ = [
+    "DesignAssumptions",
+    "DesignResult",
+    "design_rows",
+    "design_table_markdown",
+    "solve_design",
+]
 
 
 @dataclass(frozen=True)
 class DesignAssumptions:
     """Editable interview assumptions of the exercise (not specifications of any product).
 
-    Traffic: ``requests_per_day`` over ``active_hours`` with peaks ``peak_factor`` times the mean and
-    ``retry_allowance`` extra attempts; each request is in service for ``service_time_s`` on average.
-    Replicas: one complete replica sustains ``per_replica_rate`` requests/s within the latency SLO on
-    this request mix, planned at ``planning_utilization``, plus ``spare_replicas`` for failures.
+    Traffic: ``requests_per_day`` over ``active_hours`` with peaks ``peak_factor`` times the mean
+    and ``retry_allowance`` extra attempts; each request is in service for ``service_time_s`` on
+    average.
+    Replicas: one complete replica sustains ``per_replica_rate`` requests/s within the latency SLO
+    on this request mix, planned at ``planning_utilization``, plus ``spare_replicas`` for failures.
     Memory: an illustrative ``params``-parameter model with 80 layers and 8 KV heads; every request
     in flight holds a KV reservation for the class's maximum input and output, and the reservations
     must cover the count in flight with probability ``in_flight_quantile`` (the problem statement
-    gives ``stated_reservations`` instead, a fixed margin over the mean; both are shown). Cost: hosted token prices
-    ($ per million tokens) versus owned replicas at ``replica_hourly_rate``; both pay the same fixed
-    operating costs (application, maintenance, quality review).
+    gives ``stated_reservations`` instead, a fixed margin over the mean; both are shown). Cost:
+    hosted token prices ($ per million tokens) versus owned replicas at ``replica_hourly_rate``;
+    both pay the same fixed operating costs (application, maintenance, quality review).
     """
 
     requests_per_day: float = 100_000
@@ -73,8 +81,8 @@ class DesignAssumptions:
 class DesignResult:
     """Every number of the exercise's table, with the assumptions that produced it.
 
-    ``in_flight_peak`` is the whole service's mean concurrency at peak; ``in_flight_per_replica`` that
-    of one replica running at its measured rate, the load its KV ``reservations`` must carry.
+    ``in_flight_peak`` is the whole service's mean concurrency at peak; ``in_flight_per_replica``
+    that of one replica running at its measured rate, the load its KV ``reservations`` must carry.
     """
 
     assumptions: DesignAssumptions
@@ -101,25 +109,37 @@ class DesignResult:
 
     @property
     def kv_gib_reserved(self) -> float:
-        """Raw KV of one replica's ``reservations`` maximal requests, GiB (weights and workspace excluded)."""
+        """Raw KV of one replica's ``reservations`` maximal requests, GiB (weights and workspace
+        excluded)."""
         return self.reservations * self.kv_gib_per_request
 
     @property
     def memory_gib_per_replica(self) -> float:
-        """Weights plus reserved KV of one replica, GiB, before activations and runtime workspaces."""
+        """Weights plus reserved KV of one replica, GiB, before activations and runtime
+        workspaces."""
         return capacity.to_gib(self.weight_bytes) + self.kv_gib_reserved
 
 
 def solve_design(assumptions: DesignAssumptions | None = None) -> DesignResult:
-    """Compute concurrency, replicas, KV reservations, memory and monthly cost for ``assumptions``."""
+    """Compute concurrency, replicas, KV reservations, memory and monthly cost for
+    ``assumptions``."""
     a = DesignAssumptions() if assumptions is None else assumptions
     if not isinstance(a, DesignAssumptions):
         raise TypeError(f"assumptions must be a DesignAssumptions, got {type(a).__name__}")
-    peak = capacity.peak_arrival_rate(a.requests_per_day, a.active_hours, a.peak_factor, a.retry_allowance)
-    plan = capacity.replicas_needed(peak, a.per_replica_rate, a.planning_utilization, a.spare_replicas)
+    peak = capacity.peak_arrival_rate(
+        a.requests_per_day, a.active_hours, a.peak_factor, a.retry_allowance
+    )
+    plan = capacity.replicas_needed(
+        peak, a.per_replica_rate, a.planning_utilization, a.spare_replicas
+    )
     per_replica = capacity.requests_in_flight(a.per_replica_rate, a.service_time_s)
     kv_bytes = capacity.kv_bytes_per_request(
-        a.max_input_tokens, a.max_output_tokens, a.n_layers, a.n_kv_heads, a.head_dim, a.kv_bytes_per_elem
+        a.max_input_tokens,
+        a.max_output_tokens,
+        a.n_layers,
+        a.n_kv_heads,
+        a.head_dim,
+        a.kv_bytes_per_elem,
     )
     per_month = capacity.monthly_requests(a.requests_per_day, a.days_per_month)
     return DesignResult(
@@ -131,7 +151,9 @@ def solve_design(assumptions: DesignAssumptions | None = None) -> DesignResult:
 
 
 def _allowances(a: DesignAssumptions) -> dict[str, float]:
-    return capacity.operating_allowances(a.application_cost, a.maintenance_cost, a.review_hours, a.review_rate)
+    return capacity.operating_allowances(
+        a.application_cost, a.maintenance_cost, a.review_hours, a.review_rate
+    )
 
 
 def _hosted(a: DesignAssumptions, per_month: float) -> CostBreakdown:
@@ -167,44 +189,91 @@ def _usd(x: float) -> str:
 def _traffic_rows(r: DesignResult) -> list[tuple[str, str, str]]:
     a = r.assumptions
     return [
-        ("Peak attempts", f"{r.peak_rate:.2f} req/s",
-         f"{a.requests_per_day:,.0f} / ({a.active_hours:g} h × 3600) × {a.peak_factor:g} × {1 + a.retry_allowance:g}"),
-        ("Requests in flight at peak", f"{r.in_flight_peak:.1f}",
-         f"{r.peak_rate:.2f} req/s × {a.service_time_s:g} s mean service time (Little's law)"),
-        ("Budget per replica", f"{r.plan.budget_per_replica:.2f} req/s",
-         f"{a.per_replica_rate:g} req/s within the SLO × {a.planning_utilization:g} planning utilisation"),
-        ("Serving replicas", f"{r.plan.serving}", f"ceil({r.peak_rate:.2f} / {r.plan.budget_per_replica:.2f})"),
-        ("Total replicas", f"{r.plan.serving} + {r.plan.spare} = {r.plan.total}",
-         f"{r.plan.spare} spare so that losing a replica keeps the serving capacity"),
-        ("In flight per serving replica at peak", f"{r.in_flight_per_serving_replica:.1f}",
-         f"{r.in_flight_peak:.1f} / {r.plan.serving} serving replicas"),
+        (
+            "Peak attempts",
+            f"{r.peak_rate:.2f} req/s",
+            f"{a.requests_per_day:,.0f} / ({a.active_hours:g} h × 3600) × "
+            f"{a.peak_factor:g} × {1 + a.retry_allowance:g}",
+        ),
+        (
+            "Requests in flight at peak",
+            f"{r.in_flight_peak:.1f}",
+            f"{r.peak_rate:.2f} req/s × {a.service_time_s:g} s mean service time (Little's law)",
+        ),
+        (
+            "Budget per replica",
+            f"{r.plan.budget_per_replica:.2f} req/s",
+            f"{a.per_replica_rate:g} req/s within the SLO × {a.planning_utilization:g} "
+            f"planning utilisation",
+        ),
+        (
+            "Serving replicas",
+            f"{r.plan.serving}",
+            f"ceil({r.peak_rate:.2f} / {r.plan.budget_per_replica:.2f})",
+        ),
+        (
+            "Total replicas",
+            f"{r.plan.serving} + {r.plan.spare} = {r.plan.total}",
+            f"{r.plan.spare} spare so that losing a replica keeps the serving capacity",
+        ),
+        (
+            "In flight per serving replica at peak",
+            f"{r.in_flight_per_serving_replica:.1f}",
+            f"{r.in_flight_peak:.1f} / {r.plan.serving} serving replicas",
+        ),
     ]
 
 
 def _memory_rows(r: DesignResult) -> list[tuple[str, str, str]]:
     a = r.assumptions
     pct = f"{100 * a.in_flight_quantile:g} %"
-    stated_exceeds = 100 * capacity.in_flight_exceedance(r.in_flight_per_replica, a.stated_reservations)
+    stated_exceeds = 100 * capacity.in_flight_exceedance(
+        r.in_flight_per_replica, a.stated_reservations
+    )
     derived_exceeds = 100 * capacity.in_flight_exceedance(r.in_flight_per_replica, r.reservations)
     return [
-        ("In flight per replica at its measured rate", f"{r.in_flight_per_replica:.1f}",
-         f"{a.per_replica_rate:g} req/s × {a.service_time_s:g} s: the load it was measured to sustain, above the"
-         f" {r.in_flight_per_serving_replica:.1f} planned, so that memory never caps it below that rate"),
-        ("KV reservations per replica", f"{r.reservations}",
-         f"the count in flight stays at or below it {pct} of the time (Poisson with mean {r.in_flight_per_replica:.1f})"),
-        ("KV per maximal request", f"{r.kv_gib_per_request:.6g} GiB",
-         f"({a.max_input_tokens:,} + {a.max_output_tokens}) tokens × 2 × {a.n_layers} layers × {a.n_kv_heads} KV heads"
-         f" × {a.head_dim} × {a.kv_bytes_per_elem} B"),
-        (f"KV for {r.reservations} reservations", f"{r.kv_gib_reserved:.4g} GiB",
-         f"{r.reservations} × {r.kv_gib_per_request:.6g} GiB"),
-        (f"As stated: KV for {a.stated_reservations} reservations",
-         f"{a.stated_reservations * r.kv_gib_per_request:.4g} GiB",
-         f"the problem statement's count: {a.stated_reservations / r.in_flight_per_replica:.2g} × the mean, a fixed"
-         f" margin; a Poisson count exceeds it"
-         f" {stated_exceeds:.2f} % of the time, the derived {r.reservations} {derived_exceeds:.2f} %"),
-        ("Memory per replica", f"{r.memory_gib_per_replica:.1f} GiB",
-         f"weights {a.params / 1e9:g}B × {a.weight_bytes_per_param:g} B = {capacity.to_gib(r.weight_bytes):.1f} GiB"
-         f" + KV {r.kv_gib_reserved:.4g} GiB, before activations and workspaces"),
+        (
+            "In flight per replica at its measured rate",
+            f"{r.in_flight_per_replica:.1f}",
+            f"{a.per_replica_rate:g} req/s × {a.service_time_s:g} s: the load it was "
+            f"measured to sustain, above the"
+            f" {r.in_flight_per_serving_replica:.1f} planned, so that memory never caps it "
+            f"below that rate",
+        ),
+        (
+            "KV reservations per replica",
+            f"{r.reservations}",
+            f"the count in flight stays at or below it {pct} of the time (Poisson with "
+            f"mean {r.in_flight_per_replica:.1f})",
+        ),
+        (
+            "KV per maximal request",
+            f"{r.kv_gib_per_request:.6g} GiB",
+            f"({a.max_input_tokens:,} + {a.max_output_tokens}) tokens × 2 × {a.n_layers} "
+            f"layers × {a.n_kv_heads} KV heads"
+            f" × {a.head_dim} × {a.kv_bytes_per_elem} B",
+        ),
+        (
+            f"KV for {r.reservations} reservations",
+            f"{r.kv_gib_reserved:.4g} GiB",
+            f"{r.reservations} × {r.kv_gib_per_request:.6g} GiB",
+        ),
+        (
+            f"As stated: KV for {a.stated_reservations} reservations",
+            f"{a.stated_reservations * r.kv_gib_per_request:.4g} GiB",
+            f"the problem statement's count: "
+            f"{a.stated_reservations / r.in_flight_per_replica:.2g} × the mean, a fixed"
+            f" margin; a Poisson count exceeds it"
+            f" {stated_exceeds:.2f} % of the time, the derived {r.reservations} "
+            f"{derived_exceeds:.2f} %",
+        ),
+        (
+            "Memory per replica",
+            f"{r.memory_gib_per_replica:.1f} GiB",
+            f"weights {a.params / 1e9:g}B × {a.weight_bytes_per_param:g} B = "
+            f"{capacity.to_gib(r.weight_bytes):.1f} GiB"
+            f" + KV {r.kv_gib_reserved:.4g} GiB, before activations and workspaces",
+        ),
     ]
 
 
@@ -214,19 +283,40 @@ def _cost_rows(r: DesignResult) -> list[tuple[str, str, str]]:
     tokens = " + ".join(f"{k} {_usd(v)}" for k, v in hosted.usage_items.items())
     fixed = " + ".join(f"{k} {_usd(v)}" for k, v in hosted.fixed_items.items())
     return [
-        ("Hosted, token bill per month", _usd(hosted.usage_total),
-         f"{attempts:,.0f} attempts × ({a.mean_input_tokens:,.0f} in, {a.mean_output_tokens:,.0f} out) tokens: {tokens}"),
-        ("Fixed costs per month (either option)", _usd(hosted.fixed_total),
-         f"{fixed} ({a.review_hours:g} h × {_usd(a.review_rate)}/h)"),
-        ("Hosted, per 1,000 requests", _usd(hosted.per_1000_requests),
-         f"tokens {_usd(hosted.per_1000(hosted.usage_total))} + fixed {_usd(hosted.per_1000(hosted.fixed_total))}"
-         f" over {r.requests_per_month:,.0f} requests/month"),
-        ("Hosted, per 1,000 useful completions", _usd(hosted.per_1000_useful),
-         f"divided by the useful fraction {a.useful_fraction:g}"),
-        ("Owned, replica hours per month", _usd(owned.usage_total),
-         f"{r.plan.total} replicas × {_usd(a.replica_hourly_rate)}/h × {a.hours_per_month:g} h"),
-        ("Owned, per 1,000 requests", _usd(owned.per_1000_requests),
-         f"hours {_usd(owned.per_1000(owned.usage_total))} + fixed {_usd(owned.per_1000(owned.fixed_total))}"),
+        (
+            "Hosted, token bill per month",
+            _usd(hosted.usage_total),
+            f"{attempts:,.0f} attempts × ({a.mean_input_tokens:,.0f} in, "
+            f"{a.mean_output_tokens:,.0f} out) tokens: {tokens}",
+        ),
+        (
+            "Fixed costs per month (either option)",
+            _usd(hosted.fixed_total),
+            f"{fixed} ({a.review_hours:g} h × {_usd(a.review_rate)}/h)",
+        ),
+        (
+            "Hosted, per 1,000 requests",
+            _usd(hosted.per_1000_requests),
+            f"tokens {_usd(hosted.per_1000(hosted.usage_total))} + fixed "
+            f"{_usd(hosted.per_1000(hosted.fixed_total))}"
+            f" over {r.requests_per_month:,.0f} requests/month",
+        ),
+        (
+            "Hosted, per 1,000 useful completions",
+            _usd(hosted.per_1000_useful),
+            f"divided by the useful fraction {a.useful_fraction:g}",
+        ),
+        (
+            "Owned, replica hours per month",
+            _usd(owned.usage_total),
+            f"{r.plan.total} replicas × {_usd(a.replica_hourly_rate)}/h × {a.hours_per_month:g} h",
+        ),
+        (
+            "Owned, per 1,000 requests",
+            _usd(owned.per_1000_requests),
+            f"hours {_usd(owned.per_1000(owned.usage_total))} + fixed "
+            f"{_usd(owned.per_1000(owned.fixed_total))}",
+        ),
     ]
 
 

@@ -1,13 +1,14 @@
-"""Turn bank entries into Markdown: MyST for the book's §9 page, plain Markdown for notebooks and exports.
+"""Turn bank entries into Markdown: MyST for the book's §9 page, plain Markdown for notebooks and
+exports.
 
 Book pages: each question is a sphinx-exercise ``exercise`` directive and its answer a ``solution``
 directive with ``:class: dropdown``, so the answer stays folded until opened and disappears entirely
 when the book is built with solutions hidden (sphinx-exercise's ``hide_solutions``, the switch
-described on the instructor page). The §9 chapter page holds ``{servelab-questions} SET`` blocks that
-the book's extension expands (:func:`expand_question_sets`) into a heading per tier and that tier's
-questions. The §9 notebook displays the same MyST with the cell metadata
-``{"mystnb": {"markdown_format": "myst"}}`` so myst-nb parses the directives; its labels carry their
-own prefix so the two pages never define the same label.
+described on the instructor page). The §9 chapter page holds ``{servelab-questions} SET`` blocks
+that the book's extension expands (:func:`expand_question_sets`) into a heading per tier and that
+tier's questions. The §9 notebook displays the same MyST with the cell metadata ``{"mystnb":
+{"markdown_format": "myst"}}`` so myst-nb parses the directives; its labels carry their own prefix
+so the two pages never define the same label.
 
 Jupyter and Colab do not know MyST, so the same notebook cells display a :class:`BankView`: during
 the book build (``servelab.viz.core.in_book_build``) it is the MyST above, everywhere else plain
@@ -55,7 +56,8 @@ __all__ = [
 ]
 
 FENCE = "````"  # four backticks: answers may contain ``` code blocks of their own
-PAGE_LABELS = "ch09"           # labels of the questions on the chapter page: ch09-q1, ch09-q1-answer
+# labels of the questions on the chapter page: ch09-q1, ch09-q1-answer
+PAGE_LABELS = "ch09"
 NOTEBOOK_LABELS = "ch09-nb"    # the notebook page shows the same questions; labels must not repeat
 
 
@@ -75,14 +77,17 @@ def rubric_markdown(q: Question) -> str:
     ideas = "\n".join(f"- **{points} pt{'s' if points > 1 else ''}**: {idea}"
                       for points, idea in q.rubric.ideas)
     lose = q.rubric.mistake_points
-    return (f"**Rubric ({q.rubric.max_points} points).** A full answer states every key idea below; "
-            f"award an idea's points when the answer states it:\n\n{ideas}\n\n"
-            f"**Loses points.** Take off {lose} point{'s' if lose > 1 else ''} for each common mistake "
-            "above that the answer makes (never below 0).")
+    return (
+        f"**Rubric ({q.rubric.max_points} points).** A full answer states every key idea below; "
+        f"award an idea's points when the answer states it:\n\n{ideas}\n\n"
+        f"**Loses points.** Take off {lose} point{'s' if lose > 1 else ''} for each common mistake "
+        "above that the answer makes (never below 0)."
+    )
 
 
 def find_book_root(start: Path) -> Path | None:
-    """The repository root above ``start`` (the folder holding ``_toc.yml``), or None outside a checkout."""
+    """The repository root above ``start`` (the folder holding ``_toc.yml``), or None outside a
+    checkout."""
     for folder in (start, *start.parents):
         if (folder / "_toc.yml").is_file():
             return folder
@@ -105,7 +110,8 @@ def label_defined(root: Path, slug: str, label: str) -> bool:
 
 @dataclass(frozen=True)
 class SectionHeading:
-    """A labelled heading of a chapter page: its number as the book prints it ("3.2") and its title."""
+    """A labelled heading of a chapter page: its number as the book prints it ("3.2") and its
+    title."""
 
     number: str
     title: str
@@ -126,11 +132,14 @@ def _plain(title: str) -> str:
 
 
 def _headings(lines: list[str]):
-    """(level, title, label) for every heading outside fenced blocks; label is the target above it."""
+    """(level, title, label) for every heading outside fenced blocks; label is the target above
+    it."""
     fence, label = None, None
     for line in lines:
         marker = _FENCE.match(line)
-        if marker and (fence is None or marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence)):
+        if marker and (
+            fence is None or marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence)
+        ):
             fence = None if fence else marker.group(1)
             continue
         if fence:
@@ -210,7 +219,8 @@ def tier_heading(tier: Tier) -> str:
 
 
 def set_page_myst(bank: Bank, set_id: str, root: Path | None, level: int = 3) -> str:
-    """Every question of ``set_id`` for the chapter page: a heading per tier, questions in bank order."""
+    """Every question of ``set_id`` for the chapter page: a heading per tier, questions in bank
+    order."""
     sections = [
         f"{'#' * level} {tier_heading(tier)}\n\n{tier_myst(bank, tier.id, set_id, root, 'book')}"
         for tier in bank.tiers if bank.select(tiers=[tier.id], set_id=set_id)
@@ -231,7 +241,8 @@ def expand_question_sets(page: str, bank: Bank, root: Path | None) -> str:
 
 
 def design_exercise_myst(exercise: DesignExercise, result: DesignResult) -> str:
-    """The design exercise: prompt and requirements visible, model answer and table in a dropdown."""
+    """The design exercise: prompt and requirements visible, model answer and table in a
+    dropdown."""
     label = f"ch09-{exercise.id.lower()}"
     functional = "\n".join(f"1. {r}" for r in exercise.functional)
     non_functional = "\n".join(f"1. {r}" for r in exercise.non_functional)
@@ -248,8 +259,11 @@ def design_exercise_myst(exercise: DesignExercise, result: DesignResult) -> str:
 # ------------------------------------------------------------------------------ Jupyter and Colab
 
 
-def notebook_chapter_link(question: Question, root: Path | None, page_dir: str = "notebooks") -> str:
-    """A plain Markdown link from ``root/page_dir`` to the teaching section, titled "§3.3 Truncation ...".
+def notebook_chapter_link(
+    question: Question, root: Path | None, page_dir: str = "notebooks"
+) -> str:
+    """A plain Markdown link from ``root/page_dir`` to the teaching section, titled "§3.3 Truncation
+    ...".
 
     Text only (the page slug) when the page is missing; the page top when the label is.
     """
@@ -269,12 +283,19 @@ def _folded(summary: str, body: str) -> str:
 
 def question_notebook(question: Question, root: Path | None, page_dir: str = "notebooks") -> str:
     """One question as plain Markdown: title and question visible, the answer folded."""
-    links = f"**Read and run.** {notebook_chapter_link(question, root, page_dir)} · `{question.code}`"
+    links = (
+        f"**Read and run.** {notebook_chapter_link(question, root, page_dir)} · `{question.code}`"
+    )
     answer = f"{answer_markdown(question.answer)}\n\n{rubric_markdown(question)}\n\n{links}"
-    return f"**{question.id} · {question.title}**\n\n{question.question}\n\n{_folded('Answer', answer)}\n"
+    return (
+        f"**{question.id} · "
+        f"{question.title}**\n\n{question.question}\n\n{_folded('Answer', answer)}\n"
+    )
 
 
-def tier_notebook(bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir: str = "notebooks") -> str:
+def tier_notebook(
+    bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir: str = "notebooks"
+) -> str:
     """Every question of ``set_id`` in tier ``tier_id`` as plain Markdown, answers folded."""
     questions = bank.select(tiers=[tier_id], set_id=set_id)
     body = "\n---\n\n".join(question_notebook(q, root, page_dir) for q in questions)
@@ -282,13 +303,15 @@ def tier_notebook(bank: Bank, tier_id: str, set_id: str, root: Path | None, page
 
 
 def design_exercise_notebook(exercise: DesignExercise, result: DesignResult) -> str:
-    """The design exercise as plain Markdown: prompt and requirements visible, model answer folded."""
+    """The design exercise as plain Markdown: prompt and requirements visible, model answer
+    folded."""
     functional = "\n".join(f"1. {r}" for r in exercise.functional)
     non_functional = "\n".join(f"1. {r}" for r in exercise.non_functional)
     points = "\n".join(f"- {p}" for p in exercise.model_answer)
     answer = _folded("Model answer", f"{points}\n\n{design_table_markdown(result)}")
     return (
-        f"**{exercise.id} · {exercise.title}**\n\n{exercise.prompt}\n\n**Functional requirements**\n\n"
+        f"**{exercise.id} · {exercise.title}**\n\n{exercise.prompt}\n\n**Functional "
+        f"requirements**\n\n"
         f"{functional}\n\n**Non-functional requirements**\n\n{non_functional}\n\n{answer}\n"
     )
 
@@ -308,7 +331,9 @@ class BankView:
         return self.summary
 
 
-def tier_view(bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir: str = "notebooks") -> BankView:
+def tier_view(
+    bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir: str = "notebooks"
+) -> BankView:
     """The tier's questions for a notebook cell (see :class:`BankView`)."""
     count = len(bank.select(tiers=[tier_id], set_id=set_id))
     return BankView(tier_myst(bank, tier_id, set_id, root, page_dir, NOTEBOOK_LABELS),
@@ -318,5 +343,8 @@ def tier_view(bank: Bank, tier_id: str, set_id: str, root: Path | None, page_dir
 
 def design_exercise_view(exercise: DesignExercise, result: DesignResult) -> BankView:
     """The design exercise for a notebook cell (see :class:`BankView`)."""
-    return BankView(design_exercise_myst(exercise, result), design_exercise_notebook(exercise, result),
-                    f"design exercise {exercise.id}")
+    return BankView(
+        design_exercise_myst(exercise, result),
+        design_exercise_notebook(exercise, result),
+        f"design exercise {exercise.id}",
+    )

@@ -4,7 +4,8 @@
   are chosen (light: the engine imports it for its configuration);
 * :mod:`servelab.sampling.reference`: the numpy reference operations (softmax, temperature, the
   truncation filters, penalties, masks, the one draw) and their conventions;
-* :mod:`servelab.sampling.pipeline`: those operations in the stage order a :class:`SamplingParams` sets;
+* :mod:`servelab.sampling.pipeline`: those operations in the stage order a :class:`SamplingParams`
+  sets;
 * :mod:`servelab.sampling.beam`: beam search and the KV memory of best-of-n.
 """
 

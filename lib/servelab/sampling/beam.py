@@ -29,19 +29,26 @@ def _length_normalised(log_prob: float, length: int, length_alpha: float) -> flo
     return log_prob / (max(length, 1) ** length_alpha)
 
 
-def beam_search(step_logprobs: Callable[[list[tuple[int, ...]]], np.ndarray], prompt_ids: Sequence[int],
-                beam_width: int, max_new_tokens: int, eos_id: int | None = None,
-                length_alpha: float = 1.0) -> list[BeamHypothesis]:
-    """Approximate the most likely continuation by keeping the ``beam_width`` best partial sequences.
+def beam_search(
+    step_logprobs: Callable[[list[tuple[int, ...]]], np.ndarray],
+    prompt_ids: Sequence[int],
+    beam_width: int,
+    max_new_tokens: int,
+    eos_id: int | None = None,
+    length_alpha: float = 1.0,
+) -> list[BeamHypothesis]:
+    """Approximate the most likely continuation by keeping the ``beam_width`` best partial
+    sequences.
 
     ``step_logprobs(sequences)`` receives the live sequences (prompt + generated, as tuples) and
-    returns a 2-D array of next-token log-probabilities, one row per sequence. Each step scores every
-    extension by cumulative ``log P``, keeps the best ``beam_width`` (ties: earlier beam, then smaller
-    token id), and retires an extension that emits ``eos_id`` as finished when it ranks within the top
-    ``beam_width``; the live set is refilled from the remaining extensions. Because everything outside
-    the beam is pruned, the result is not guaranteed to be globally optimal. The final ranking uses
-    ``S(y) = log P(y) / |y| ** length_alpha`` (``|y|`` counts generated tokens, EOS included), one
-    common normalisation among several. Returns at most ``beam_width`` hypotheses, best first.
+    returns a 2-D array of next-token log-probabilities, one row per sequence. Each step scores
+    every extension by cumulative ``log P``, keeps the best ``beam_width`` (ties: earlier beam, then
+    smaller token id), and retires an extension that emits ``eos_id`` as finished when it ranks
+    within the top ``beam_width``; the live set is refilled from the remaining extensions. Because
+    everything outside the beam is pruned, the result is not guaranteed to be globally optimal. The
+    final ranking uses ``S(y) = log P(y) / |y| ** length_alpha`` (``|y|`` counts generated tokens,
+    EOS included), one common normalisation among several. Returns at most ``beam_width``
+    hypotheses, best first.
     """
     if not callable(step_logprobs):
         raise TypeError("step_logprobs must be callable: sequences -> 2-D array of log-probs")
@@ -55,9 +62,13 @@ def beam_search(step_logprobs: Callable[[list[tuple[int, ...]]], np.ndarray], pr
     live: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
     finished: list[tuple[tuple[int, ...], float, bool]] = []
     for _ in range(steps):
-        table = np.asarray(step_logprobs([prompt + generated for generated, _ in live]), dtype=np.float64)
+        table = np.asarray(
+            step_logprobs([prompt + generated for generated, _ in live]), dtype=np.float64
+        )
         if table.ndim != 2 or table.shape[0] != len(live):
-            raise ValueError(f"step_logprobs must return shape ({len(live)}, vocab), got {table.shape}")
+            raise ValueError(
+                f"step_logprobs must return shape ({len(live)}, vocab), got {table.shape}"
+            )
         totals = np.array([lp for _, lp in live])[:, None] + table
         flat = np.argsort(-totals, axis=None, kind="stable")  # row-major: earlier beam, smaller id
         next_live: list[tuple[tuple[int, ...], float]] = []

@@ -2,17 +2,17 @@
 
 System boundary: one request at one decode step, before sampling. The input is the text emitted so
 far under the constraint (the automaton's *state*) and, optionally, how many tokens the request may
-still produce; the output is the list of legal token ids, which :func:`constrained_logits` turns into a
-hard mask with :func:`servelab.sampling.apply_hard_mask`. The sampler itself is unchanged.
+still produce; the output is the list of legal token ids, which :func:`constrained_logits` turns
+into a hard mask with :func:`servelab.sampling.apply_hard_mask`. The sampler itself is unchanged.
 
 The constraint here is the simplest useful one: the output must be exactly one of a fixed set of
-strings (for example ``"ROMEO:\\n"`` or ``"JULIET:\\n"``). Legality is decided on token *text*, not on
-token ids, so every spelling of an allowed string counts, not only the tokenizer's canonical one:
+strings (for example ``"ROMEO:\\n"`` or ``"JULIET:\\n"``). Legality is decided on token *text*, not
+on token ids, so every spelling of an allowed string counts, not only the tokenizer's canonical one:
 
 * a token is *prefix-legal* when ``state + text(token)`` is still a prefix of some allowed string;
-* under a token budget that is not enough: a prefix-legal token can leave more text than the remaining
-  tokens can spell (a *dead end*). The *look-ahead* mask also requires that the fewest tokens needed
-  to finish some allowed string from the new state fit in the budget that is left.
+* under a token budget that is not enough: a prefix-legal token can leave more text than the
+  remaining tokens can spell (a *dead end*). The *look-ahead* mask also requires that the fewest
+  tokens needed to finish some allowed string from the new state fit in the budget that is left.
 
 The fewest tokens that spell each suffix of each allowed string is a shortest path over character
 positions, computed once per string when the automaton is built (time ~ total length x vocabulary).
@@ -51,7 +51,9 @@ def _require_strings(name: str, values: object, *, allow_empty_items: bool) -> l
 
 def _require_state(state: object) -> str:
     if not isinstance(state, str):
-        raise TypeError(f"state must be a str (the text emitted so far), got {type(state).__name__}")
+        raise TypeError(
+            f"state must be a str (the text emitted so far), got {type(state).__name__}"
+        )
     return state
 
 
@@ -104,7 +106,9 @@ class ChoiceAutomaton:
         return _require_state(state) in self.choices
 
 
-def allowed_token_ids(automaton: ChoiceAutomaton, state: str, budget: int | None = None) -> list[int]:
+def allowed_token_ids(
+    automaton: ChoiceAutomaton, state: str, budget: int | None = None
+) -> list[int]:
     """The legal token ids in ``state``: prefix-only when ``budget`` is ``None``, otherwise the
     look-ahead set for ``budget`` tokens left (this step included). Empty at a dead end."""
     if not isinstance(automaton, ChoiceAutomaton):

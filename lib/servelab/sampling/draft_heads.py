@@ -11,9 +11,9 @@ Two kinds of drafter:
 
 A cycle costs ``verify + k x draft_cost`` (in target forward passes) and advances the **mean
 acceptance length** ``tau = (1 - a^(k+1)) / (1 - a)`` tokens for i.i.d. per-token acceptance ``a``
-(:func:`servelab.metrics.capacity.expected_tokens_per_cycle`; engines report ``tau`` as "mean acceptance
-length"). At small batch, where a verify pass costs about one decode step, the speed-up over plain
-decoding is ``tau / (verify + k x draft_cost)``.
+(:func:`servelab.metrics.capacity.expected_tokens_per_cycle`; engines report ``tau`` as "mean
+acceptance length"). At small batch, where a verify pass costs about one decode step, the speed-up
+over plain decoding is ``tau / (verify + k x draft_cost)``.
 
 System boundary: cost ratios stated by the caller (no timing), one sequence, i.i.d. acceptance.
 """

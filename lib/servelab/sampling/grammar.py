@@ -1,19 +1,21 @@
-"""Structured outputs with xgrammar: a grammar compiled once per request, matched token by token per sample.
+"""Structured outputs with xgrammar: a grammar compiled once per request, matched token by token per
+sample.
 
-xgrammar (the grammar engine vLLM and SGLang use) compiles a JSON schema, a regular expression or an EBNF
-grammar against the tokenizer's vocabulary; a :class:`xgrammar.GrammarMatcher` then says, at each step,
-which token ids keep the output inside the grammar (a bitmask, one bit per id), and is told each token
-that was sampled. Once the grammar is complete only the end-of-sequence token is allowed, so a request
-ends on EOS with text that parses. ``servelab.sampling.constrained`` is the teaching version of the same mask
-for a fixed set of strings (the tests check that the two agree).
+xgrammar (the grammar engine vLLM and SGLang use) compiles a JSON schema, a regular expression or an
+EBNF grammar against the tokenizer's vocabulary; a :class:`xgrammar.GrammarMatcher` then says, at
+each step, which token ids keep the output inside the grammar (a bitmask, one bit per id), and is
+told each token that was sampled. Once the grammar is complete only the end-of-sequence token is
+allowed, so a request ends on EOS with text that parses. ``servelab.sampling.constrained`` is the
+teaching version of the same mask for a fixed set of strings (the tests check that the two agree).
 
-Kinds (:class:`GrammarSpec`): ``json_schema`` (a schema as JSON text; ``{"type": "object"}`` is OpenAI's
-``json_object``), ``regex`` and ``choice`` (exactly one of some strings). JSON is compiled with
+Kinds (:class:`GrammarSpec`): ``json_schema`` (a schema as JSON text; ``{"type": "object"}`` is
+OpenAI's ``json_object``), ``regex`` and ``choice`` (exactly one of some strings). JSON is compiled
+with
 ``any_whitespace=False`` (xgrammar's ``", "`` / ``": "`` separators): a small model left free to add
-whitespace tends to add it forever. Compact JSON then has no place for a raw control character (U+0000 to
-U+001F: inside strings JSON requires them escaped), yet xgrammar 0.2.8 let a string with a length bound
-take one, which a strict parser (Python's ``json.loads``) refuses; so a JSON grammar also forbids every
-token whose bytes hold one (:attr:`Grammar.forbidden`).
+whitespace tends to add it forever. Compact JSON then has no place for a raw control character
+(U+0000 to U+001F: inside strings JSON requires them escaped), yet xgrammar 0.2.8 let a string with
+a length bound take one, which a strict parser (Python's ``json.loads``) refuses; so a JSON grammar
+also forbids every token whose bytes hold one (:attr:`Grammar.forbidden`).
 
 System boundary: compile (CPU, milliseconds; a :class:`GrammarCompiler` caches what it compiled) and
 per-step masks as a bool tensor ``[rows, vocab]`` on the CPU. Needs the ``xgrammar`` package.
@@ -29,8 +31,17 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GrammarSpec", "Grammar", "Matcher", "GrammarCompiler", "SharedCompiler", "new_matcher", "allowed_masks", "accept",
-           "greedy_mask_trace"]
+__all__ = [
+    "GrammarSpec",
+    "Grammar",
+    "Matcher",
+    "GrammarCompiler",
+    "SharedCompiler",
+    "new_matcher",
+    "allowed_masks",
+    "accept",
+    "greedy_mask_trace",
+]
 
 GRAMMAR_KINDS = ("json_schema", "regex", "choice")
 _XGRAMMAR_LOCATION = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")  # "[12:00:00] /project/cpp/x.cc:83: "
@@ -62,7 +73,8 @@ def choice_ebnf(choices: Sequence[str]) -> str:
 
 @dataclass(frozen=True, eq=False)
 class Grammar:
-    """A compiled grammar: xgrammar's ``compiled`` plus ``forbidden`` ids (bool ``[vocab]``) or None."""
+    """A compiled grammar: xgrammar's ``compiled`` plus ``forbidden`` ids (bool ``[vocab]``) or
+    None."""
 
     compiled: object
     forbidden: torch.Tensor | None = None
@@ -77,8 +89,9 @@ class Matcher:
 
 
 class GrammarCompiler:
-    """Compiles :class:`GrammarSpec` s for one tokenizer and model vocabulary (``vocab_size`` ids; the
-    LM head may have more rows than the tokenizer has tokens); ``eos_id`` ends a completed grammar."""
+    """Compiles :class:`GrammarSpec` s for one tokenizer and model vocabulary (``vocab_size`` ids;
+    the LM head may have more rows than the tokenizer has tokens); ``eos_id`` ends a completed
+    grammar."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_id: int | None) -> None:
         import xgrammar
@@ -86,7 +99,9 @@ class GrammarCompiler:
 
         wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
         stop = None if eos_id is None else [eos_id]
-        self.info = xgrammar.TokenizerInfo.from_huggingface(wrapped, vocab_size=vocab_size, stop_token_ids=stop)
+        self.info = xgrammar.TokenizerInfo.from_huggingface(
+            wrapped, vocab_size=vocab_size, stop_token_ids=stop
+        )
         self._compiler = xgrammar.GrammarCompiler(self.info, max_threads=1)
         self.vocab_size = vocab_size
         control = [any(byte < 0x20 for byte in token) for token in self.info.decoded_vocab]
@@ -94,14 +109,16 @@ class GrammarCompiler:
         self.control_tokens[:len(control)] = torch.tensor(control[:vocab_size], dtype=torch.bool)
 
     def compile(self, grammar: GrammarSpec) -> Grammar:
-        """The compiled :class:`Grammar`; ValueError with xgrammar's reason for a schema, regex or choice it
-        cannot compile."""
+        """The compiled :class:`Grammar`; ValueError with xgrammar's reason for a schema, regex or
+        choice it cannot compile."""
         if not isinstance(grammar, GrammarSpec):
             raise TypeError(f"grammar must be a GrammarSpec, got {type(grammar).__name__}")
         try:
             if grammar.kind == "json_schema":
-                return Grammar(self._compiler.compile_json_schema(grammar.spec, any_whitespace=False),
-                               self.control_tokens)
+                return Grammar(
+                    self._compiler.compile_json_schema(grammar.spec, any_whitespace=False),
+                    self.control_tokens,
+                )
             if grammar.kind == "regex":
                 return Grammar(self._compiler.compile_regex(grammar.spec))
             return Grammar(self._compiler.compile_grammar(choice_ebnf(grammar.spec)))
@@ -110,8 +127,8 @@ class GrammarCompiler:
 
 
 class SharedCompiler:
-    """A :class:`GrammarCompiler` built on first use (importing xgrammar and wrapping the tokenizer take a
-    few seconds) and shared by threads: one compile at a time."""
+    """A :class:`GrammarCompiler` built on first use (importing xgrammar and wrapping the tokenizer
+    take a few seconds) and shared by threads: one compile at a time."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_id: int | None) -> None:
         self._args = (tokenizer, vocab_size, eos_id)
@@ -125,7 +142,9 @@ class SharedCompiler:
                 try:
                     self._compiler = GrammarCompiler(*self._args)
                 except ImportError as exc:
-                    raise ValueError(f"structured outputs need the xgrammar package ({exc})") from None
+                    raise ValueError(
+                        f"structured outputs need the xgrammar package ({exc})"
+                    ) from None
             return self._compiler.compile(grammar)
 
 
@@ -134,18 +153,22 @@ def new_matcher(grammar: Grammar) -> Matcher:
     import xgrammar
 
     if not isinstance(grammar, Grammar):
-        raise TypeError(f"grammar must be a servelab.sampling.grammar.Grammar, got {type(grammar).__name__}")
+        raise TypeError(
+            f"grammar must be a servelab.sampling.grammar.Grammar, got {type(grammar).__name__}"
+        )
     return Matcher(xgrammar.GrammarMatcher(grammar.compiled), grammar.forbidden)
 
 
 def allowed_masks(matchers: Sequence[Matcher], vocab_size: int) -> torch.Tensor:
-    """Bool ``[len(matchers), vocab_size]`` on the CPU: True where the matcher allows the id next."""
+    """Bool ``[len(matchers), vocab_size]`` on the CPU: True where the matcher allows the id
+    next."""
     import xgrammar
 
     bitmask = xgrammar.allocate_token_bitmask(len(matchers), vocab_size)
     for row, matcher in enumerate(matchers):
         matcher.inner.fill_next_token_bitmask(bitmask, row)
-    bits = (bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1  # bit j of word w is id 32 w + j
+    # bit j of word w is id 32 w + j
+    bits = (bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1
     masks = bits.reshape(len(matchers), -1)[:, :vocab_size].bool()
     for row, matcher in enumerate(matchers):
         if matcher.forbidden is not None:
@@ -159,12 +182,15 @@ def accept(matcher: Matcher, token: int) -> bool:
 
 
 @torch.inference_mode()
-def greedy_mask_trace(model, prompt_ids: Sequence[int], grammar: Grammar, max_steps: int) -> list[dict]:
-    """Greedy decoding under ``grammar`` with the unconstrained distribution beside it, one dict per step:
-    ``allowed`` (how many ids the mask keeps), ``mass`` (the model's probability on them, before the mask),
-    ``free`` / ``free_p`` (the model's own favourite and its probability) and ``chosen`` / ``chosen_p``
-    (the argmax over the allowed ids, and its unconstrained probability). Stops after the grammar's
-    end-of-sequence token or ``max_steps`` steps. One dense forward per step (a teaching loop, no cache).
+def greedy_mask_trace(
+    model, prompt_ids: Sequence[int], grammar: Grammar, max_steps: int
+) -> list[dict]:
+    """Greedy decoding under ``grammar`` with the unconstrained distribution beside it, one dict per
+    step: ``allowed`` (how many ids the mask keeps), ``mass`` (the model's probability on them,
+    before the mask), ``free`` / ``free_p`` (the model's own favourite and its probability) and
+    ``chosen`` / ``chosen_p`` (the argmax over the allowed ids, and its unconstrained probability).
+    Stops after the grammar's end-of-sequence token or ``max_steps`` steps. One dense forward per
+    step (a teaching loop, no cache).
     """
     ids, matcher, rows = list(prompt_ids), new_matcher(grammar), []
     vocab = model.config.vocab_size
@@ -173,8 +199,16 @@ def greedy_mask_trace(model, prompt_ids: Sequence[int], grammar: Grammar, max_st
         mask = allowed_masks([matcher], vocab)[0]
         chosen = int(torch.where(mask, probs, -1.0).argmax())
         free = int(probs.argmax())
-        rows.append({"allowed": int(mask.sum()), "mass": float(probs[mask].sum()), "free": free,
-                     "free_p": float(probs[free]), "chosen": chosen, "chosen_p": float(probs[chosen])})
+        rows.append(
+            {
+                "allowed": int(mask.sum()),
+                "mass": float(probs[mask].sum()),
+                "free": free,
+                "free_p": float(probs[free]),
+                "chosen": chosen,
+                "chosen_p": float(probs[chosen]),
+            }
+        )
         accept(matcher, chosen)
         ids.append(chosen)
         if matcher.inner.is_terminated():

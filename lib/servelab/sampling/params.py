@@ -18,7 +18,8 @@ from servelab.prose import count
 
 __all__ = ["FILTER_NAMES", "MAX_LOGPROBS", "SamplingParams", "as_int_tuple", "is_int"]
 
-MAX_LOGPROBS = 20  # most alternatives a request may ask for per token (OpenAI chat's top_logprobs limit)
+# most alternatives a request may ask for per token (OpenAI chat's top_logprobs limit)
+MAX_LOGPROBS = 20
 
 FILTER_NAMES = ("top_k", "top_p", "min_p", "typical")
 """The truncation filters :class:`SamplingParams.filter_order` may list, in the default order."""
@@ -46,9 +47,9 @@ def as_int_tuple(value: object, name: str) -> tuple[int, ...]:
 class SamplingParams:
     """Everything a request says about how its tokens are chosen; immutable and hashable.
 
-    Shared by the reference pipeline (:func:`~servelab.sampling.next_token_distribution`), the engine
-    and the server. A disabled control has a neutral default: ``top_k=None``, ``top_p=1``, ``min_p=0``,
-    ``typical_p=1``, penalties 0 (or 1 for the multiplicative one).
+    Shared by the reference pipeline (:func:`~servelab.sampling.next_token_distribution`), the
+    engine and the server. A disabled control has a neutral default: ``top_k=None``, ``top_p=1``,
+    ``min_p=0``, ``typical_p=1``, penalties 0 (or 1 for the multiplicative one).
 
     Penalty scope (stated because APIs differ): ``frequency_penalty`` and ``presence_penalty`` count
     GENERATED tokens only (OpenAI / vLLM semantics); ``repetition_penalty`` applies to every token
@@ -57,16 +58,17 @@ class SamplingParams:
 
     ``temperature=0`` selects greedy decoding (argmax, lowest id on ties) and ignores the truncation
     filters. ``max_tokens`` bounds generated tokens; ``stop`` strings end generation without being
-    returned; ``ignore_eos`` keeps generating past EOS; ``seed`` makes a request's draws reproducible;
-    ``n`` asks for that many independent samples of the same prompt.
+    returned; ``ignore_eos`` keeps generating past EOS; ``seed`` makes a request's draws
+    reproducible; ``n`` asks for that many independent samples of the same prompt.
 
-    ``logprobs`` (engine and server only): report each generated token's log-probability plus that many
-    most likely alternatives (0: the token's own only); ``prompt_logprobs`` the same for every prompt
-    token after the first. Both are the raw model's ``log_softmax`` of the logits, before any of the
-    processors above (vLLM's default ``logprobs_mode="raw_logprobs"``); None: not computed.
-    ``grammar`` (engine only): a compiled xgrammar grammar (:class:`servelab.sampling.grammar.GrammarCompiler`);
-    the engine masks every sample's next token to what the grammar allows, after the other processors
-    and before temperature, so greedy decoding stays greedy over the allowed tokens.
+    ``logprobs`` (engine and server only): report each generated token's log-probability plus that
+    many most likely alternatives (0: the token's own only); ``prompt_logprobs`` the same for every
+    prompt token after the first. Both are the raw model's ``log_softmax`` of the logits, before any
+    of the processors above (vLLM's default ``logprobs_mode="raw_logprobs"``); None: not computed.
+    ``grammar`` (engine only): a compiled xgrammar grammar
+    (:class:`servelab.sampling.grammar.GrammarCompiler`); the engine masks every sample's next token
+    to what the grammar allows, after the other processors and before temperature, so greedy
+    decoding stays greedy over the allowed tokens.
     """
 
     temperature: float = 1.0
@@ -98,14 +100,28 @@ class SamplingParams:
             self._set("top_k", require_index("top_k", self.top_k, 1))
         self._set("top_p", require_interval("top_p", self.top_p, 0.0, 1.0, low_open=True))
         self._set("min_p", require_interval("min_p", self.min_p, 0.0, 1.0))
-        self._set("typical_p", require_interval("typical_p", self.typical_p, 0.0, 1.0, low_open=True))
+        self._set(
+            "typical_p", require_interval("typical_p", self.typical_p, 0.0, 1.0, low_open=True)
+        )
         for name in ("frequency_penalty", "presence_penalty"):
             self._set(name, require_interval(name, getattr(self, name), -2.0, 2.0))
-        self._set("repetition_penalty", require_interval("repetition_penalty", self.repetition_penalty,
-                                                    0.0, math.inf, low_open=True, high_open=True))
+        self._set(
+            "repetition_penalty",
+            require_interval(
+                "repetition_penalty",
+                self.repetition_penalty,
+                0.0,
+                math.inf,
+                low_open=True,
+                high_open=True,
+            ),
+        )
         self._set("logit_bias", self._normalise_logit_bias(self.logit_bias))
         self._set("banned_sequences", self._normalise_banned(self.banned_sequences))
-        self._set("no_repeat_ngram_size", require_index("no_repeat_ngram_size", self.no_repeat_ngram_size, 0))
+        self._set(
+            "no_repeat_ngram_size",
+            require_index("no_repeat_ngram_size", self.no_repeat_ngram_size, 0),
+        )
         if self.allowed_token_ids is not None:
             allowed = as_int_tuple(self.allowed_token_ids, "allowed_token_ids")
             if not allowed:
@@ -140,8 +156,9 @@ class SamplingParams:
             (token,) = as_int_tuple([pair[0]], "logit_bias")
             if token in normalised:
                 raise ValueError(f"logit_bias names token {token} twice")
-            normalised[token] = require_interval(f"logit_bias[{token}]", pair[1], -math.inf, math.inf,
-                                            low_open=True, high_open=True)
+            normalised[token] = require_interval(
+                f"logit_bias[{token}]", pair[1], -math.inf, math.inf, low_open=True, high_open=True
+            )
         return tuple(sorted(normalised.items()))
 
     @staticmethod
@@ -187,10 +204,13 @@ class SamplingParams:
         missing = [name for name, on in self._filter_requested().items()
                    if on and name not in self.filter_order]
         if missing:
-            raise ValueError(f"filter_order omits {count(len(missing), 'enabled filter')} {missing}; "
-                             "list every enabled filter")
+            raise ValueError(
+                f"filter_order omits {count(len(missing), 'enabled filter')} {missing}; "
+                "list every enabled filter"
+            )
 
     def enabled_filters(self) -> tuple[str, ...]:
-        """The names in ``filter_order`` whose filter would change something, in application order."""
+        """The names in ``filter_order`` whose filter would change something, in application
+        order."""
         requested = self._filter_requested()
         return tuple(name for name in self.filter_order if requested[name])

@@ -1,4 +1,5 @@
-"""The request-level reference pipeline: the numpy operations in the order :class:`SamplingParams` sets.
+"""The request-level reference pipeline: the numpy operations in the order :class:`SamplingParams`
+sets.
 
 Stages: hard constraints and logit bias -> penalties -> temperature (or the greedy branch) ->
 truncation filters in ``params.filter_order`` -> renormalise -> sample. The engine's batched torch
@@ -67,7 +68,8 @@ def apply_hard_constraints(logits: FloatVector, params: SamplingParams,
 
 def apply_penalties(logits: FloatVector, params: SamplingParams, prompt_ids: Sequence[int] = (),
                     output_ids: Sequence[int] = ()) -> np.ndarray:
-    """Stage 2: frequency/presence penalties on output counts, repetition penalty on prompt + output."""
+    """Stage 2: frequency/presence penalties on output counts, repetition penalty on prompt +
+    output."""
     p = _check_params(params)
     z = _check_logits(logits)
     if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
@@ -93,14 +95,18 @@ def apply_truncation_filters(probs: FloatVector, params: SamplingParams) -> np.n
     return current
 
 
-def next_token_distribution(logits: FloatVector, params: SamplingParams,
-                            prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> np.ndarray:
+def next_token_distribution(
+    logits: FloatVector,
+    params: SamplingParams,
+    prompt_ids: Sequence[int] = (),
+    output_ids: Sequence[int] = (),
+) -> np.ndarray:
     """The final probability vector one decode step samples from, under ``params``.
 
     Stages: hard constraints and logit bias -> penalties -> temperature -> truncation filters in
-    ``params.filter_order`` -> renormalise. With ``temperature == 0`` the result is a one-hot vector at
-    the greedy argmax of the constrained, penalised logits, taken before any division. ``prompt_ids``
-    and ``output_ids`` are the request's prompt and generated token ids so far.
+    ``params.filter_order`` -> renormalise. With ``temperature == 0`` the result is a one-hot vector
+    at the greedy argmax of the constrained, penalised logits, taken before any division.
+    ``prompt_ids`` and ``output_ids`` are the request's prompt and generated token ids so far.
     """
     p = _check_params(params)
     z = apply_hard_constraints(logits, p, output_ids)

@@ -2,23 +2,25 @@
 
 System boundary: everything here works on a single request at a single decode step. The input is the
 logit vector the model produced for the last position (one float per vocabulary entry, natural-log
-units, unnormalised); the output is either a probability vector or one token id. Batching, devices and
-KV memory live elsewhere; the engine's batched torch sampler mirrors these operations (staged in
+units, unnormalised); the output is either a probability vector or one token id. Batching, devices
+and KV memory live elsewhere; the engine's batched torch sampler mirrors these operations (staged in
 :mod:`servelab.sampling.pipeline`) one to one, so a test can compare the two.
 
 Conventions used throughout:
 
-* Logits are 1-D float arrays (lists are accepted). ``-inf`` is a legal logit: it marks a masked token
-  that can never be chosen. NaN and ``+inf`` are errors, and so is a vector where every token is masked.
-* Probability vectors are 1-D float64 NumPy arrays that sum to 1. A token is in the *support* when its
-  probability is strictly positive.
+* Logits are 1-D float arrays (lists are accepted). ``-inf`` is a legal logit: it marks a masked
+  token that can never be chosen. NaN and ``+inf`` are errors, and so is a vector where every token
+  is masked.
+* Probability vectors are 1-D float64 NumPy arrays that sum to 1. A token is in the *support* when
+  its probability is strictly positive.
 * Truncation filters (top-k, top-p, min-p, typical) take a probability vector and return a new,
   renormalised one with exact zeros outside the kept set, so they compose:
   ``top_p_filter(top_k_filter(softmax(logits), k=3), p=0.8)``.
 * Ties are broken by token id: among equal scores the smaller id ranks first.
 * Only :func:`sample` draws randomness, and only from the ``numpy.random.Generator`` it is handed.
 
-The pipeline order this course teaches (one defensible order, not a standard every engine follows) is::
+The pipeline order this course teaches (one defensible order, not a standard every engine follows)
+is::
 
     hard constraints + logit bias -> penalties -> temperature -> truncation filters -> renormalise -> sample
 """
@@ -61,12 +63,13 @@ __all__ = [
 MASS_TOLERANCE = 1e-9
 """Slack used when a cumulative probability is compared with a mass threshold (top-p, typical).
 
-A prefix "reaches" mass ``p`` when its float sum is ``>= p - MASS_TOLERANCE``. Without it, a sum such as
-``0.35 + 0.33``, which is ``0.6799999999999999`` in binary floating point, would fail to reach ``0.68``
-and pull one more token into the kept set."""
+A prefix "reaches" mass ``p`` when its float sum is ``>= p - MASS_TOLERANCE``. Without it, a sum
+such as ``0.35 + 0.33``, which is ``0.6799999999999999`` in binary floating point, would fail to
+reach ``0.68`` and pull one more token into the kept set."""
 
 PROB_SUM_TOLERANCE = 1e-6
-"""How far from 1 the sum of a probability vector handed to a filter may drift before it is rejected."""
+"""How far from 1 the sum of a probability vector handed to a filter may drift before it is
+rejected."""
 
 FloatVector = Sequence[float] | np.ndarray
 
@@ -83,18 +86,23 @@ def _check_logits(logits: FloatVector, name: str = "logits") -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be a 1-D sequence of real numbers") from exc
     if z.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one score per vocabulary entry), got shape {z.shape}")
+        raise ValueError(
+            f"{name} must be 1-D (one score per vocabulary entry), got shape {z.shape}"
+        )
     if z.size == 0:
         raise ValueError(f"{name} must contain at least one token, got an empty vector")
     if np.isnan(z).any() or np.isposinf(z).any():
-        raise ValueError(f"{name} must be finite or -inf (a masked token); NaN and +inf are not allowed")
+        raise ValueError(
+            f"{name} must be finite or -inf (a masked token); NaN and +inf are not allowed"
+        )
     if not np.isfinite(z).any():
         raise ValueError(f"{name} has every token masked (-inf); at least one must be finite")
     return z
 
 
 def _check_probs(probs: FloatVector, name: str = "probs") -> np.ndarray:
-    """Copy ``probs`` into a float64 vector that is non-negative and sums to 1 (within tolerance)."""
+    """Copy ``probs`` into a float64 vector that is non-negative and sums to 1 (within
+    tolerance)."""
     try:
         p = np.array(probs, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -142,7 +150,8 @@ def _keep(p: np.ndarray, kept_ids: np.ndarray) -> np.ndarray:
 
 
 def _prefix_reaching(masses: np.ndarray, threshold: float) -> int:
-    """Length of the shortest prefix of ``masses`` whose sum reaches ``threshold`` (see MASS_TOLERANCE)."""
+    """Length of the shortest prefix of ``masses`` whose sum reaches ``threshold`` (see
+    MASS_TOLERANCE)."""
     cumulative = np.cumsum(masses)
     reached = np.flatnonzero(cumulative >= threshold - MASS_TOLERANCE)
     return int(reached[0]) + 1 if reached.size else masses.size
@@ -165,7 +174,8 @@ def softmax(logits: FloatVector) -> np.ndarray:
 
 
 def apply_temperature(logits: FloatVector, temperature: float) -> np.ndarray:
-    """Divide logits by a strictly positive temperature ``T`` (dimensionless); ``-inf`` stays ``-inf``.
+    """Divide logits by a strictly positive temperature ``T`` (dimensionless); ``-inf`` stays
+    ``-inf``.
 
     ``T = 0`` is rejected here on purpose: greedy decoding is a separate branch, never ``z / 0``.
     """
@@ -183,10 +193,11 @@ def temperature_probs(logits: FloatVector, temperature: float) -> np.ndarray:
 
 
 def temperature_from_probs(probs: FloatVector, temperature: float) -> np.ndarray:
-    """Temperature applied to probabilities instead of logits: ``q_i = p_i^(1/T) / sum_j p_j^(1/T)``.
+    """Temperature applied to probabilities instead of logits: ``q_i = p_i^(1/T) / sum_j
+    p_j^(1/T)``.
 
-    For ``p = softmax(z)`` this equals ``softmax(z / T)``, because ``p_i^(1/T)`` is ``e^(z_i/T)`` up to
-    a factor common to every token. (Dividing probabilities by ``T`` instead changes nothing: the
+    For ``p = softmax(z)`` this equals ``softmax(z / T)``, because ``p_i^(1/T)`` is ``e^(z_i/T)`` up
+    to a factor common to every token. (Dividing probabilities by ``T`` instead changes nothing: the
     factor cancels.) Tokens with ``p_i = 0`` stay at 0; ``T`` must be > 0.
     """
     p = _check_probs(probs)
@@ -231,8 +242,9 @@ def top_k_filter(probs: FloatVector, k: int) -> np.ndarray:
 def top_p_filter(probs: FloatVector, p: float) -> np.ndarray:
     """Nucleus filter: keep the shortest probability-sorted prefix whose mass reaches ``p``.
 
-    The token that crosses the threshold is kept, so the kept mass can exceed ``p``. ``p`` must lie in
-    ``(0, 1]``; ``p = 1`` keeps the whole support. Reaching is tested with :data:`MASS_TOLERANCE`.
+    The token that crosses the threshold is kept, so the kept mass can exceed ``p``. ``p`` must lie
+    in ``(0, 1]``; ``p = 1`` keeps the whole support. Reaching is tested with
+    :data:`MASS_TOLERANCE`.
     """
     probs_ = _check_probs(probs)
     threshold = require_interval("p", p, 0.0, 1.0, low_open=True)
@@ -254,7 +266,8 @@ def min_p_filter(probs: FloatVector, alpha: float) -> np.ndarray:
 
 
 def min_p_support_from_logits(logits: FloatVector, temperature: float, alpha: float) -> list[int]:
-    """The min-p support of ``softmax(z / T)`` computed in logit space: ``z_i >= z_max + T log alpha``.
+    """The min-p support of ``softmax(z / T)`` computed in logit space: ``z_i >= z_max + T log
+    alpha``.
 
     This form shows why the min-p support grows with temperature: the allowed gap below the best
     logit is ``T * |log alpha|``. ``temperature > 0``, ``alpha`` in ``[0, 1]`` (``alpha = 0`` keeps
@@ -275,8 +288,8 @@ def typical_filter(probs: FloatVector, mass: float) -> np.ndarray:
     whose probability mass reaches ``mass``; renormalise.
 
     ``H(p) = -sum p_i log p_i`` is the entropy in nats. Tokens whose surprisal is closest to the
-    average go first, so the most probable token can be excluded. ``mass`` in ``(0, 1]``; ``1`` keeps
-    the whole support. Ties in the distance are broken by the smaller token id.
+    average go first, so the most probable token can be excluded. ``mass`` in ``(0, 1]``; ``1``
+    keeps the whole support. Ties in the distance are broken by the smaller token id.
     """
     p = _check_probs(probs)
     threshold = require_interval("mass", mass, 0.0, 1.0, low_open=True)
@@ -295,7 +308,8 @@ def typical_filter(probs: FloatVector, mass: float) -> np.ndarray:
 
 
 def token_counts(token_ids: Iterable[int], vocab_size: int) -> np.ndarray:
-    """How many times each vocabulary entry occurs in ``token_ids``: an int64 vector of ``vocab_size``."""
+    """How many times each vocabulary entry occurs in ``token_ids``: an int64 vector of
+    ``vocab_size``."""
     size = require_index("vocab_size", vocab_size, 1)
     ids = _check_token_ids(token_ids, size, "token_ids")
     return np.bincount(np.asarray(ids, dtype=np.int64), minlength=size)
@@ -305,11 +319,11 @@ def apply_frequency_presence(logits: FloatVector, counts: FloatVector, frequency
                              presence: float) -> np.ndarray:
     """``z_i' = z_i - frequency * c_i - presence * [c_i > 0]`` (OpenAI-style additive penalties).
 
-    ``counts`` holds one non-negative occurrence count per vocabulary entry (see :func:`token_counts`).
-    The frequency term grows with every repetition; the presence term is paid once. Both coefficients
-    must be finite (negative values reward repetition); :class:`SamplingParams` narrows them to
-    ``[-2, 2]``. Which tokens are counted is the caller's choice; the pipeline counts generated
-    tokens only.
+    ``counts`` holds one non-negative occurrence count per vocabulary entry (see
+    :func:`token_counts`). The frequency term grows with every repetition; the presence term is paid
+    once. Both coefficients must be finite (negative values reward repetition);
+    :class:`SamplingParams` narrows them to ``[-2, 2]``. Which tokens are counted is the caller's
+    choice; the pipeline counts generated tokens only.
     """
     z = _check_logits(logits)
     c = np.asarray(counts, dtype=np.float64)
@@ -322,13 +336,15 @@ def apply_frequency_presence(logits: FloatVector, counts: FloatVector, frequency
     return z - f * c - pr * (c > 0)
 
 
-def apply_repetition_penalty(logits: FloatVector, seen_ids: Iterable[int], penalty: float) -> np.ndarray:
+def apply_repetition_penalty(
+    logits: FloatVector, seen_ids: Iterable[int], penalty: float
+) -> np.ndarray:
     """Sign-aware multiplicative penalty (CTRL / Hugging Face style) on every token in ``seen_ids``.
 
     A positive logit is divided by ``penalty`` and a negative one multiplied by it, so with
-    ``penalty > 1`` both move down (``-2`` becomes ``-2.4`` at 1.2, not ``-1.667``). Zero and ``-inf``
-    are unchanged. ``penalty`` must be finite and ``> 0``; ``1`` is a no-op and values below 1 reward
-    repetition. Each seen token is penalised once, however often it occurred.
+    ``penalty > 1`` both move down (``-2`` becomes ``-2.4`` at 1.2, not ``-1.667``). Zero and
+    ``-inf`` are unchanged. ``penalty`` must be finite and ``> 0``; ``1`` is a no-op and values
+    below 1 reward repetition. Each seen token is penalised once, however often it occurred.
     """
     z = _check_logits(logits)
     r = require_interval("penalty", penalty, 0.0, math.inf, low_open=True, high_open=True)
@@ -338,7 +354,9 @@ def apply_repetition_penalty(logits: FloatVector, seen_ids: Iterable[int], penal
     return z
 
 
-def apply_logit_bias(logits: FloatVector, bias: Mapping[int, float] | Iterable[tuple[int, float]]) -> np.ndarray:
+def apply_logit_bias(
+    logits: FloatVector, bias: Mapping[int, float] | Iterable[tuple[int, float]]
+) -> np.ndarray:
     """Add a fixed, finite offset to chosen tokens' logits: ``z_i' = z_i + bias[i]``.
 
     ``bias`` maps token id to offset (a dict or ``(token_id, offset)`` pairs). A masked token stays
@@ -364,7 +382,8 @@ def apply_logit_bias(logits: FloatVector, bias: Mapping[int, float] | Iterable[t
 
 
 def apply_hard_mask(logits: FloatVector, allowed_ids: Iterable[int]) -> np.ndarray:
-    """Set every logit outside ``allowed_ids`` to ``-inf`` (the primitive behind grammar/JSON decoding).
+    """Set every logit outside ``allowed_ids`` to ``-inf`` (the primitive behind grammar/JSON
+    decoding).
 
     The result may have every token masked if all allowed tokens were already masked; the next
     softmax then raises.
@@ -406,8 +425,9 @@ def ban_sequences(logits: FloatVector, generated_ids: Sequence[int],
 def no_repeat_ngram_mask(logits: FloatVector, generated_ids: Sequence[int], n: int) -> np.ndarray:
     """Mask every token that would repeat an n-gram already present in ``generated_ids``.
 
-    The last ``n - 1`` generated tokens form the context; wherever that context occurred earlier, the
-    token that followed it is masked. ``n`` is an int >= 1 (``n = 1`` bans every token seen so far).
+    The last ``n - 1`` generated tokens form the context; wherever that context occurred earlier,
+    the token that followed it is masked. ``n`` is an int >= 1 (``n = 1`` bans every token seen so
+    far).
     """
     z = _check_logits(logits)
     size = require_index("n", n, 1)
@@ -430,9 +450,9 @@ def sample(probs: FloatVector, rng: np.random.Generator) -> int:
     """Draw one token id from ``probs`` by inverse CDF: the only function here that uses randomness.
 
     One uniform ``u = rng.random()`` in ``[0, 1)`` is drawn and the first id whose cumulative
-    probability exceeds ``u`` is returned. Exactly one draw happens on every call, even when a single
-    token survives, so the generator's stream advances the same way whatever the distribution (a
-    batched torch sampler that draws one uniform per row reproduces the same choices).
+    probability exceeds ``u`` is returned. Exactly one draw happens on every call, even when a
+    single token survives, so the generator's stream advances the same way whatever the distribution
+    (a batched torch sampler that draws one uniform per row reproduces the same choices).
     """
     p = _check_probs(probs)
     if not isinstance(rng, np.random.Generator):

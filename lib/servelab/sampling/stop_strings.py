@@ -20,17 +20,19 @@ class StopStringBuffer:
     """Holds back streamed text until it can no longer be part of a stop string.
 
     Feed chunks with :meth:`push`; each call returns the text that is safe to emit now. When a stop
-    string completes, the text before it is returned, ``finished`` becomes True,
-    ``finish_reason == "stop"`` and ``matched_stop`` names the string. If several stop strings occur,
-    the one starting earliest in the text wins, and at the same start the longest; the buffer waits
-    for more text while an earlier (or longer) candidate is still incomplete. At the end of generation
-    call :meth:`flush` to release what is still held. With no stop strings every chunk passes through
+    string completes, the text before it is returned, ``finished`` becomes True, ``finish_reason ==
+    "stop"`` and ``matched_stop`` names the string. If several stop strings occur, the one starting
+    earliest in the text wins, and at the same start the longest; the buffer waits for more text
+    while an earlier (or longer) candidate is still incomplete. At the end of generation call
+    :meth:`flush` to release what is still held. With no stop strings every chunk passes through
     unchanged.
     """
 
     def __init__(self, stop_strings: Sequence[str]) -> None:
         if isinstance(stop_strings, str) or not isinstance(stop_strings, Sequence):
-            raise TypeError("stop_strings must be a sequence of strings (wrap a single one in a list)")
+            raise TypeError(
+                "stop_strings must be a sequence of strings (wrap a single one in a list)"
+            )
         for stop in stop_strings:
             if not isinstance(stop, str):
                 raise TypeError(f"stop_strings must contain str, got {type(stop).__name__}")
@@ -61,7 +63,9 @@ class StopStringBuffer:
         if not isinstance(chunk, str):
             raise TypeError(f"chunk must be a str, got {type(chunk).__name__}")
         if self._closed:
-            raise RuntimeError("push after the stream finished (a stop string matched or flush ran)")
+            raise RuntimeError(
+                "push after the stream finished (a stop string matched or flush ran)"
+            )
         self._pending += chunk
         return self._release(final=False)
 

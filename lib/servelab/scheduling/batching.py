@@ -12,9 +12,9 @@ one decode iteration in a unit-cost model. Three simulators share this module:
 * ``simulate_iterations`` -- chunked versus unchunked prefill on a token-budget cost model, where an
   iteration's duration grows with the number of tokens it processes.
 
-Queue order comes from :mod:`servelab.scheduling.queue_policy`, the keys the engine's scheduler uses too.
-Results are exact (integers, or ``fractions.Fraction`` for the token-cost model) so a chart and a test
-read the same numbers.
+Queue order comes from :mod:`servelab.scheduling.queue_policy`, the keys the engine's scheduler uses
+too. Results are exact (integers, or ``fractions.Fraction`` for the token-cost model) so a chart and
+a test read the same numbers.
 """
 
 from __future__ import annotations
@@ -107,8 +107,9 @@ def _validate_requests(reqs: object) -> list[Request]:
 
 @dataclass(frozen=True)
 class _Waiting:
-    """A waiting request as the queue policies read it (a ``servelab.scheduling.queue_disciplines.Aged`` and
-    ``Tenanted``): ``arrival_index`` ranks (arrival tick, place in the workload)."""
+    """A waiting request as the queue policies read it (a
+    ``servelab.scheduling.queue_disciplines.Aged`` and ``Tenanted``): ``arrival_index`` ranks
+    (arrival tick, place in the workload)."""
 
     name: str
     arrival_index: int
@@ -118,8 +119,8 @@ class _Waiting:
     waited: int
 
 
-# A ranking orders the waiting requests for the free slots, best first, given the tokens emitted so far
-# per tenant.
+# A ranking orders the waiting requests for the free slots, best first, given the tokens emitted so
+# far per tenant.
 Ranking = Callable[[list[_Waiting], Mapping[str, int]], list[_Waiting]]
 
 
@@ -136,11 +137,21 @@ def _arrival_order(reqs: list[Request]) -> dict[str, int]:
     return {reqs[i].name: k for k, i in enumerate(order)}
 
 
-def _waiting(reqs: list[Request], arrival_index: Mapping[str, int], tick: int, owed: Mapping[str, int],
-             active: list[str]) -> list[_Waiting]:
+def _waiting(
+    reqs: list[Request],
+    arrival_index: Mapping[str, int],
+    tick: int,
+    owed: Mapping[str, int],
+    active: list[str],
+) -> list[_Waiting]:
     """The arrived, unfinished requests that hold no slot at ``tick``, as the policies see them."""
-    return [_Waiting(r.name, arrival_index[r.name], r.priority, owed[r.name], r.tenant, tick - r.arrival)
-            for r in reqs if r.arrival <= tick and owed[r.name] and r.name not in active]
+    return [
+        _Waiting(
+            r.name, arrival_index[r.name], r.priority, owed[r.name], r.tenant, tick - r.arrival
+        )
+        for r in reqs
+        if r.arrival <= tick and owed[r.name] and r.name not in active
+    ]
 
 
 def _served_by_tenant(reqs: list[Request], owed: Mapping[str, int]) -> dict[str, int]:
@@ -201,10 +212,14 @@ def verify_schedule(
     last_emit = {name: 0 for name in by_name}
     for rec in trace:
         if len(rec.active) > capacity:
-            raise RuntimeError(f"invariant broken: {len(rec.active)} active > capacity at tick {rec.tick}")
+            raise RuntimeError(
+                f"invariant broken: {len(rec.active)} active > capacity at tick {rec.tick}"
+            )
         for name in rec.active:
             if rec.tick < by_name[name].arrival:
-                raise RuntimeError(f"invariant broken: {name} runs at tick {rec.tick} before arrival")
+                raise RuntimeError(
+                    f"invariant broken: {name} runs at tick {rec.tick} before arrival"
+                )
             if rec.tick >= completion[name]:
                 raise RuntimeError(f"invariant broken: {name} holds a slot after completing")
         for name in rec.emitting:
@@ -212,7 +227,9 @@ def verify_schedule(
             last_emit[name] = rec.tick + 1
     for name, r in by_name.items():
         if emitted[name] != r.ticks_needed:
-            raise RuntimeError(f"invariant broken: {name} emitted {emitted[name]} of {r.ticks_needed}")
+            raise RuntimeError(
+                f"invariant broken: {name} emitted {emitted[name]} of {r.ticks_needed}"
+            )
         if completion[name] != last_emit[name]:
             raise RuntimeError(f"invariant broken: {name} completion is not its last emit tick")
 
@@ -257,7 +274,11 @@ def utilization(
     if makespan < 1:
         raise ValueError("completion ticks must lie after the arrivals (makespan >= 1)")
     slot_ticks = capacity * makespan
-    return served / slot_ticks, {"served_tokens": served, "makespan": makespan, "slot_ticks": slot_ticks}
+    return served / slot_ticks, {
+        "served_tokens": served,
+        "makespan": makespan,
+        "slot_ticks": slot_ticks,
+    }
 
 
 @dataclass(frozen=True)
@@ -413,7 +434,9 @@ def simulate_iterations(
     prompt is chunked across iterations. A prompt's first token is sampled from its last prefill
     chunk. Time advances to the next arrival when nothing is runnable.
     """
-    if not isinstance(requests, (list, tuple)) or not all(isinstance(r, PrefillRequest) for r in requests):
+    if not isinstance(requests, (list, tuple)) or not all(
+        isinstance(r, PrefillRequest) for r in requests
+    ):
         raise TypeError("requests must be a list or tuple of PrefillRequest")
     if not requests:
         raise ValueError("requests must contain at least one PrefillRequest")

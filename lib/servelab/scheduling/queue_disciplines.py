@@ -1,12 +1,13 @@
-"""The queueing disciplines beyond first come, first served: priority classes, shortest job first, SJF with
-aging, and per-tenant fair queuing.
+"""The queueing disciplines beyond first come, first served: priority classes, shortest job first,
+SJF with aging, and per-tenant fair queuing.
 
-Each reads a waiting request through a small protocol (the :class:`servelab.scheduling.queued.Queued` fields,
-plus the time waited for aging or the tenant for fair queuing), so the engine's scheduler
-(``EngineConfig.policy``, through :func:`servelab.scheduling.queue_policy.rank_waiting`) and the simulators of
-:mod:`servelab.scheduling.batching` share them. SJF starves long requests and arrival order lets one busy tenant
-crowd out the rest: :func:`aging` ranks a request better the longer it has waited, :func:`fair_queuing`
-serves the tenant with the fewest tokens so far.
+Each reads a waiting request through a small protocol (the
+:class:`servelab.scheduling.queued.Queued` fields, plus the time waited for aging or the tenant for
+fair queuing), so the engine's scheduler (``EngineConfig.policy``, through
+:func:`servelab.scheduling.queue_policy.rank_waiting`) and the simulators of
+:mod:`servelab.scheduling.batching` share them. SJF starves long requests and arrival order lets one
+busy tenant crowd out the rest: :func:`aging` ranks a request better the longer it has waited,
+:func:`fair_queuing` serves the tenant with the fewest tokens so far.
 
 System boundary: ordering only. The state they read is the caller's: the engine's scheduler counts
 waiting in scheduler ticks and tokens served per tenant, the simulators in their own ticks.
@@ -28,8 +29,8 @@ def priority(req: "Queued") -> tuple:
 
 
 def shortest_job_first(req: "Queued") -> tuple:
-    """Fewest remaining tokens first, then arrival order. In the engine that is ``max_tokens`` minus the
-    tokens generated, a proxy: the real output length is unknown until the request stops."""
+    """Fewest remaining tokens first, then arrival order. In the engine that is ``max_tokens`` minus
+    the tokens generated, a proxy: the real output length is unknown until the request stops."""
     return (req.remaining_tokens, req.arrival_index)
 
 
@@ -46,7 +47,8 @@ class Aged(Protocol):
 
     @property
     def waited(self) -> int:
-        """Time waited so far, in the caller's unit (scheduler ticks in the engine, ticks in the simulators)."""
+        """Time waited so far, in the caller's unit (scheduler ticks in the engine, ticks in the
+        simulators)."""
 
 
 class Tenanted(Protocol):
@@ -65,8 +67,8 @@ _T = TypeVar("_T", bound=Tenanted)
 
 
 def aging(rate: float) -> Callable[[Aged], tuple]:
-    """SJF with aging: remaining tokens minus ``rate`` tokens per unit of time already waited, so a long
-    job's rank improves while it waits (``rate=0`` is plain SJF)."""
+    """SJF with aging: remaining tokens minus ``rate`` tokens per unit of time already waited, so a
+    long job's rank improves while it waits (``rate=0`` is plain SJF)."""
     def key(req: Aged) -> tuple:
         return (req.remaining_tokens - rate * req.waited, req.arrival_index)
     return key
@@ -78,8 +80,8 @@ def fair_queuing(waiting: Iterable[_T], served: Mapping[str, int]) -> list[_T]:
     ``served`` maps a tenant to the tokens its requests have emitted so far (a missing tenant has 0;
     counters are not lifted when a tenant returns from idle). Repeatedly take the tenant with the
     smallest counter among those with a waiting request (ties: the earlier head of line), rank that
-    tenant's earliest waiting request next and charge the tenant one token for the prefill it is about
-    to get. Within a tenant the order is FCFS.
+    tenant's earliest waiting request next and charge the tenant one token for the prefill it is
+    about to get. Within a tenant the order is FCFS.
     """
     queues: dict[str, list[_T]] = {}
     for req in sorted(waiting, key=lambda r: r.arrival_index):
@@ -87,7 +89,10 @@ def fair_queuing(waiting: Iterable[_T], served: Mapping[str, int]) -> list[_T]:
     counters = {t: served.get(t, 0) for t in queues}
     ranked: list[_T] = []
     while any(queues.values()):
-        tenant = min((t for t in queues if queues[t]), key=lambda t: (counters[t], queues[t][0].arrival_index))
+        tenant = min(
+            (t for t in queues if queues[t]),
+            key=lambda t: (counters[t], queues[t][0].arrival_index),
+        )
         ranked.append(queues[tenant].pop(0))
         counters[tenant] += 1
     return ranked

@@ -18,7 +18,8 @@ class Queued(Protocol):
 
     @property
     def arrival_index(self) -> int:
-        """Place in arrival order (distinct per request: the tie-breaker that makes orders total)."""
+        """Place in arrival order (distinct per request: the tie-breaker that makes orders
+        total)."""
 
     @property
     def priority(self) -> int:

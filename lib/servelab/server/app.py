@@ -1,25 +1,27 @@
 """An OpenAI-compatible HTTP server on :class:`servelab.engine.LLMEngine` (aiohttp).
 
-Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics`` (Prometheus text format), and vLLM's
-``POST /tokenize``, ``POST /detokenize`` and ``GET /version`` (:mod:`~servelab.server.utility`). The subset of the
-OpenAI API that vLLM and SGLang also serve: ``prompt`` (a string, strings, token ids or lists of them) or
-``messages``, ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``top_k``,
-``min_p``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logit_bias``, ``stop``,
-``seed``, ``n``, ``ignore_eos``, ``stream`` and ``stream_options.include_usage``, ``logprobs`` (completions:
-0-5 alternatives; chat: ``logprobs: true`` + ``top_logprobs`` 0-20) and ``echo`` (completions; with
-``max_tokens: 0`` it scores the prompt; see :mod:`~servelab.server.logprobs`), structured outputs
-(``response_format`` ``json_object`` / ``json_schema``, vLLM's ``guided_json`` / ``guided_choice`` /
-``guided_regex``; :mod:`servelab.sampling.grammar`; a grammar that does not compile is a 400 naming its field), plus one servelab
-extension, ``deadline_s`` (seconds; the request ends as timed out when it passes). A field the server
-cannot honour (``tools``, ``suffix``, ...) is refused with a 400, never silently ignored.
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET
+/v1/models/{id}``, ``GET /health``, ``GET /metrics`` (Prometheus text format), and vLLM's ``POST
+/tokenize``, ``POST /detokenize`` and ``GET /version`` (:mod:`~servelab.server.utility`). The subset
+of the OpenAI API that vLLM and SGLang also serve: ``prompt`` (a string, strings, token ids or lists
+of them) or ``messages``, ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``,
+``top_p``, ``top_k``, ``min_p``, ``presence_penalty``, ``frequency_penalty``,
+``repetition_penalty``, ``logit_bias``, ``stop``, ``seed``, ``n``, ``ignore_eos``, ``stream`` and
+``stream_options.include_usage``, ``logprobs`` (completions: 0-5 alternatives; chat: ``logprobs:
+true`` + ``top_logprobs`` 0-20) and ``echo`` (completions; with ``max_tokens: 0`` it scores the
+prompt; see :mod:`~servelab.server.logprobs`), structured outputs (``response_format``
+``json_object`` / ``json_schema``, vLLM's ``guided_json`` / ``guided_choice`` / ``guided_regex``;
+:mod:`servelab.sampling.grammar`; a grammar that does not compile is a 400 naming its field), plus
+one servelab extension, ``deadline_s`` (seconds; the request ends as timed out when it passes). A
+field the server cannot honour (``tools``, ``suffix``, ...) is refused with a 400, never silently
+ignored.
 
 A request's path, in order:
 
-1. the ingress gate (:mod:`~servelab.server.gate`), before any tokenization: body size (413), API key
-   -> tenant (401), token quota and request rate (429 with Retry-After);
-2. parse and validate the body (:mod:`~servelab.server.protocol`: bounded JSON, a 400 naming the field;
-   404 for an unknown model);
+1. the ingress gate (:mod:`~servelab.server.gate`), before any tokenization: body size (413), API
+   key -> tenant (401), token quota and request rate (429 with Retry-After);
+2. parse and validate the body (:mod:`~servelab.server.protocol`: bounded JSON, a 400 naming the
+   field; 404 for an unknown model);
 3. tokenize; check prompt + max_tokens against the context limit (400);
 4. submit one engine request per prompt to the bounded queue of the
    :class:`~servelab.server.bridge.EngineBridge` (503 with Retry-After when the queue is full or the
@@ -27,17 +29,19 @@ A request's path, in order:
    prefilled once and forked; sample ``j`` uses ``seed + j``); a request still unscheduled at the
    queueing deadline gets 503 too;
 5. stream server-sent events, or answer one JSON body (:mod:`~servelab.server.responses`). Response
-   headers are sent with the first token, so a request refused while queued still gets a status code.
+   headers are sent with the first token, so a request refused while queued still gets a status
+   code.
 
 Every error, unknown routes, wrong methods and oversized bodies included, is a JSON body in OpenAI's
 shape (a middleware turns aiohttp's own 404/405/413 into it); a client's mistake is never a 5xx.
 
 Chat template (for the course's play-script model): each message becomes ``"NAME:\\n" + content +
 "\\n\\n"`` with NAME the message's ``name`` or its role in capitals, and the prompt ends with
-``"ASSISTANT:\\n"``. Unless the request sets ``stop``, chat requests stop at ``"\\n\\n"`` (end of turn).
+``"ASSISTANT:\\n"``. Unless the request sets ``stop``, chat requests stop at ``"\\n\\n"`` (end of
+turn).
 
-Client disconnects cancel the request in the engine (its KV is freed before the next step); the tenant
-is charged the usage generated until then.
+Client disconnects cancel the request in the engine (its KV is freed before the next step); the
+tenant is charged the usage generated until then.
 
 System boundary: HTTP on one host; the engine runs in the bridge's thread.
 """
@@ -94,10 +98,13 @@ def _error_event(problem) -> bytes:
 async def _answer_stream(request: web.Request, exchange: Exchange) -> web.StreamResponse:
     events = exchange.events()
     prompt, moved = await anext(events)
-    if prompt.problem is not None:  # refused before the first token: a plain error status is still possible
+    # refused before the first token: a plain error status is still possible
+    if prompt.problem is not None:
         await events.aclose()
         return error_response(rejection_for(prompt.problem))
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
     try:
         await response.prepare(request)
         if exchange.chat:
@@ -150,24 +157,33 @@ async def _read_body(request: web.Request, gate: IngressGate) -> object:
     return parse_json(raw)
 
 
-def _encode(state: _State, prompt: str | tuple[int, ...], add_special_tokens: bool = True) -> list[int]:
-    """Prompt ids. A chat rendered by the checkpoint's template is encoded with ``add_special_tokens``
-    False, as ``apply_chat_template(tokenize=True)`` does: the template already wrote any BOS."""
+def _encode(
+    state: _State, prompt: str | tuple[int, ...], add_special_tokens: bool = True
+) -> list[int]:
+    """Prompt ids. A chat rendered by the checkpoint's template is encoded with
+    ``add_special_tokens`` False, as ``apply_chat_template(tokenize=True)`` does: the template
+    already wrote any BOS."""
     if isinstance(prompt, tuple):
         return list(prompt)
     return state.engine.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).ids
 
 
-def _fit_context(state: _State, parsed: ParsedRequest, prompt_ids: list[list[int]], chat: bool) -> SamplingParams:
-    """The request's params with ``max_tokens`` checked against (or, for chat, defaulted to) the context."""
+def _fit_context(
+    state: _State, parsed: ParsedRequest, prompt_ids: list[list[int]], chat: bool
+) -> SamplingParams:
+    """The request's params with ``max_tokens`` checked against (or, for chat, defaulted to) the
+    context."""
     limit = min(state.engine.max_model_len, state.kv_capacity_tokens)
     params = parsed.params
     longest = max(len(ids) for ids in prompt_ids)
     if chat and not parsed.max_tokens_given:
         room = limit - longest
         if room < 1:
-            raise bad(f"the prompt has {longest} tokens, which leaves no room in the context limit of "
-                      f"{limit} tokens", "messages")
+            raise bad(
+                f"the prompt has {longest} tokens, which leaves no room in the context limit of "
+                f"{limit} tokens",
+                "messages",
+            )
         return dataclasses.replace(params, max_tokens=room)
     if longest + params.max_tokens > limit:
         raise bad(f"the prompt has {longest} tokens and max_tokens is {params.max_tokens}; "
@@ -177,8 +193,8 @@ def _fit_context(state: _State, parsed: ParsedRequest, prompt_ids: list[list[int
 
 def _submit(state: _State, prompt_ids: list[list[int]], params: SamplingParams, deadline_s: float,
             tenant: str) -> list[RequestStream]:
-    """Queue one engine request per prompt (the engine forks it into ``n`` samples); on refusal cancel
-    the ones already queued."""
+    """Queue one engine request per prompt (the engine forks it into ``n`` samples); on refusal
+    cancel the ones already queued."""
     streams: list[RequestStream] = []
     try:
         for ids in prompt_ids:
@@ -192,14 +208,19 @@ def _submit(state: _State, prompt_ids: list[list[int]], params: SamplingParams, 
 
 async def _compile_grammar(state: _State, parsed: ParsedRequest) -> object | None:
     """The request's structured-output grammar, compiled off the event loop (None without one); its
-    compile time goes to its own histogram, not into TTFT (the engine has not seen the request yet)."""
+    compile time goes to its own histogram, not into TTFT (the engine has not seen the request
+    yet)."""
     if parsed.grammar is None:
         return None
     start = time.perf_counter()
     try:
-        compiled = await asyncio.get_running_loop().run_in_executor(None, state.grammars.compile, parsed.grammar)
+        compiled = await asyncio.get_running_loop().run_in_executor(
+            None, state.grammars.compile, parsed.grammar
+        )
     except ValueError as exc:
-        raise bad(f"{parsed.grammar_param} cannot be compiled into a grammar: {exc}", parsed.grammar_param) from exc
+        raise bad(
+            f"{parsed.grammar_param} cannot be compiled into a grammar: {exc}", parsed.grammar_param
+        ) from exc
     state.metrics.grammar_compile.observe(time.perf_counter() - start)
     return compiled
 
@@ -215,28 +236,56 @@ def _admit(state: _State, parsed: ParsedRequest, chat: bool, tenant: str, gramma
     params = _fit_context(state, parsed, prompt_ids, chat)
     if grammar is not None:
         params = dataclasses.replace(params, grammar=grammar)
-    echo_texts = ([p if isinstance(p, str) else state.engine.tokenizer.decode(list(p)) for p in parsed.prompts]
-                  if parsed.echo else None)
+    echo_texts = (
+        [
+            p if isinstance(p, str) else state.engine.tokenizer.decode(list(p))
+            for p in parsed.prompts
+        ]
+        if parsed.echo
+        else None
+    )
     streams = _submit(state, prompt_ids, params, parsed.deadline_s, tenant)
-    return Exchange(streams, prompt_ids, params.n, chat, state.config.model_name,
-                    parsed.stream and parsed.include_usage, state.formatter, parsed.logprobs, echo_texts,
-                    parsed.score_only), parsed.stream
+    return Exchange(
+        streams,
+        prompt_ids,
+        params.n,
+        chat,
+        state.config.model_name,
+        parsed.stream and parsed.include_usage,
+        state.formatter,
+        parsed.logprobs,
+        echo_texts,
+        parsed.score_only,
+    ), parsed.stream
 
 
 async def _completions(request: web.Request, chat: bool) -> web.StreamResponse:
     state = request.app[STATE]
     try:
         tenant = state.gate.admit(request.headers.get("Authorization"), request.content_length)
-        parsed = parse_request(await _read_body(request, state.gate), chat, state.config, state.vocab_size,
-                               state.engine.chat_template, state.engine.default_sampling)
-        exchange, stream = _admit(state, parsed, chat, tenant, await _compile_grammar(state, parsed))
+        parsed = parse_request(
+            await _read_body(request, state.gate),
+            chat,
+            state.config,
+            state.vocab_size,
+            state.engine.chat_template,
+            state.engine.default_sampling,
+        )
+        exchange, stream = _admit(
+            state, parsed, chat, tenant, await _compile_grammar(state, parsed)
+        )
     except Rejection as rejection:
         return error_response(rejection)
     except Overloaded as exc:
-        return error_response(Rejection(503, exc.message, "server_error", retry_after_s=exc.retry_after_s,
-                                        code="overloaded"))
+        return error_response(
+            Rejection(
+                503, exc.message, "server_error", retry_after_s=exc.retry_after_s, code="overloaded"
+            )
+        )
     except EngineFailure as exc:
-        return error_response(Rejection(503, str(exc), "server_error", retry_after_s=1.0, code="engine_failure"))
+        return error_response(
+            Rejection(503, str(exc), "server_error", retry_after_s=1.0, code="engine_failure")
+        )
     try:
         if stream:
             return await _answer_stream(request, exchange)
@@ -270,9 +319,16 @@ async def _model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     name = request.match_info["model"]
     if name != state.config.model_name:
-        return error_response(Rejection(404, f"model {ascii(name)} does not exist; this server serves "
-                                             f"{state.config.model_name!r}", "not_found_error", param="model",
-                                        code="model_not_found"))
+        return error_response(
+            Rejection(
+                404,
+                f"model {ascii(name)} does not exist; this server serves "
+                f"{state.config.model_name!r}",
+                "not_found_error",
+                param="model",
+                code="model_not_found",
+            )
+        )
     return web.json_response(_model_card(state))
 
 
@@ -286,21 +342,28 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    """Prometheus text format; the engine gauges are read between two steps (on the engine thread)."""
+    """Prometheus text format; the engine gauges are read between two steps (on the engine
+    thread)."""
     state = request.app[STATE]
-    with contextlib.suppress(EngineFailure, asyncio.TimeoutError):  # a dead engine: the counters still answer
-        state.metrics.set_engine_stats(await asyncio.wait_for(state.bridge.call(LLMEngine.stats), METRICS_TIMEOUT_S))
+    # a dead engine: the counters still answer
+    with contextlib.suppress(EngineFailure, asyncio.TimeoutError):
+        state.metrics.set_engine_stats(
+            await asyncio.wait_for(state.bridge.call(LLMEngine.stats), METRICS_TIMEOUT_S)
+        )
     return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-_HTTP_ERRORS = {404: ("not_found_error", "unknown_url"), 405: ("invalid_request_error", "method_not_allowed"),
-                413: ("invalid_request_error", "request_too_large")}
+_HTTP_ERRORS = {
+    404: ("not_found_error", "unknown_url"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    413: ("invalid_request_error", "request_too_large"),
+}
 
 
 @web.middleware
 async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
-    """Answer aiohttp's own errors (unknown route, wrong method, body too large, ...) and any bug in OpenAI's
-    JSON error shape instead of plain text."""
+    """Answer aiohttp's own errors (unknown route, wrong method, body too large, ...) and any bug in
+    OpenAI's JSON error shape instead of plain text."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -326,20 +389,40 @@ def _vocab_size(engine: LLMEngine) -> int | None:
 
 
 def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.Application:
-    """The aiohttp application serving ``engine``; the engine thread starts and stops with the app."""
+    """The aiohttp application serving ``engine``; the engine thread starts and stops with the
+    app."""
     config = ServerConfig() if config is None else config
     if not isinstance(config, ServerConfig):
         raise TypeError(f"config must be a ServerConfig, got {type(config).__name__}")
-    gate = IngressGate(config.api_keys, config.tenant_limits, config.per_tenant_limits, config.max_body_bytes)
+    gate = IngressGate(
+        config.api_keys, config.tenant_limits, config.per_tenant_limits, config.max_body_bytes
+    )
     metrics = ServerMetrics(config.model_name)
-    bridge = EngineBridge(engine, config.max_waiting, config.queue_timeout_s, config.stream_buffer_chunks,
-                          config.backpressure_timeout_s, metrics)
+    bridge = EngineBridge(
+        engine,
+        config.max_waiting,
+        config.queue_timeout_s,
+        config.stream_buffer_chunks,
+        config.backpressure_timeout_s,
+        metrics,
+    )
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[openai_errors])
     _log.info("serving %s; %s", config.model_name, engine.kv_pool.describe())
-    app[STATE] = _State(engine, config, gate, bridge, metrics, _vocab_size(engine),
-                        engine.allocator.num_blocks * engine.config.block_size, LogprobFormatter(engine.tokenizer),
-                        SharedCompiler(engine.tokenizer, engine.runner.model.config.vocab_size,
-                                       engine.runner.model.config.eos_token_id))
+    app[STATE] = _State(
+        engine,
+        config,
+        gate,
+        bridge,
+        metrics,
+        _vocab_size(engine),
+        engine.allocator.num_blocks * engine.config.block_size,
+        LogprobFormatter(engine.tokenizer),
+        SharedCompiler(
+            engine.tokenizer,
+            engine.runner.model.config.vocab_size,
+            engine.runner.model.config.eos_token_id,
+        ),
+    )
 
     async def start_engine(app: web.Application) -> None:
         bridge.start(asyncio.get_running_loop())
@@ -360,24 +443,34 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> web.App
 
 
 class BackgroundServer:
-    """Serve ``engine`` over HTTP from a background thread with its own event loop (tests, notebooks).
+    """Serve ``engine`` over HTTP from a background thread with its own event loop (tests,
+    notebooks).
 
-    ``port=0`` picks a free port; :attr:`url` is then the base URL ending in ``/v1``. Use as a context
-    manager, or call :meth:`close`.
+    ``port=0`` picks a free port; :attr:`url` is then the base URL ending in ``/v1``. Use as a
+    context manager, or call :meth:`close`.
     """
 
-    def __init__(self, engine: LLMEngine, config: ServerConfig | None = None, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        config: ServerConfig | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
         self.app = create_app(engine, config)
         self.engine = engine
         self.host = host
         self._port = port
         self._loop = asyncio.new_event_loop()
         self._runner = web.AppRunner(self.app, handler_cancellation=True, shutdown_timeout=5.0)
-        self._thread = threading.Thread(target=self._loop.run_forever, name="servelab-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="servelab-http", daemon=True
+        )
         self._thread.start()
         try:
-            self.port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+            self.port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(
+                timeout=30
+            )
         except BaseException:
             self._stop_loop()
             raise
@@ -406,8 +499,11 @@ class BackgroundServer:
         return self.app[STATE].gate
 
     def call(self, fn: Callable[[LLMEngine], Any], timeout_s: float = 30.0) -> Any:
-        """Run ``fn(engine)`` on the engine thread between steps (safe inspection); blocks for the result."""
-        return asyncio.run_coroutine_threadsafe(self.bridge.call(fn), self._loop).result(timeout=timeout_s)
+        """Run ``fn(engine)`` on the engine thread between steps (safe inspection); blocks for the
+        result."""
+        return asyncio.run_coroutine_threadsafe(self.bridge.call(fn), self._loop).result(
+            timeout=timeout_s
+        )
 
     def close(self) -> None:
         """Stop serving: cancel what runs, stop the engine thread and the event loop."""

@@ -2,15 +2,16 @@
 
 The engine is not thread-safe, and one ``step()`` blocks for a whole forward pass, so exactly one
 background thread owns it. Handlers never touch the engine: they send commands (add, cancel, call)
-through a thread-safe queue, and read the engine's outputs from a per-request :class:`RequestStream`.
-Between two steps the engine thread applies the commands, so a cancel (an explicit one, or a client
-disconnect noticed by the handler) frees the request's KV blocks before the next forward pass.
+through a thread-safe queue, and read the engine's outputs from a per-request
+:class:`RequestStream`. Between two steps the engine thread applies the commands, so a cancel (an
+explicit one, or a client disconnect noticed by the handler) frees the request's KV blocks before
+the next forward pass.
 
 Phase 2 of admission that is the server's job lives here:
 
-* the queue in front of the engine is bounded (``max_waiting`` requests not yet scheduled); a request
-  that finds it full is refused at once (:class:`Overloaded`, HTTP 503 with Retry-After) -- never an
-  unbounded queue;
+* the queue in front of the engine is bounded (``max_waiting`` requests not yet scheduled); a
+  request that finds it full is refused at once (:class:`Overloaded`, HTTP 503 with Retry-After) --
+  never an unbounded queue;
 * a request that would have to queue for longer than its own deadline, judged by the recent queueing
   delay, is refused the same way;
 * a request still unscheduled ``queue_timeout_s`` after it was submitted is cancelled and ends with
@@ -18,14 +19,15 @@ Phase 2 of admission that is the server's job lives here:
 
 The KV reservation itself is the engine scheduler's admission step.
 
-Backpressure policy: each stream buffers at most ``stream_capacity`` undelivered outputs. A client that
-reads slower than tokens are generated first fills the socket, then this buffer; when the buffer is
-full the engine thread **pauses** the request (``LLMEngine.pause``: descheduled, BACKPRESSURED; it keeps
-its KV blocks but stops taking compute from readers that keep up). Once the reader has drained the
-buffer to half, the request is resumed where it stopped. A reader that stays away for
-``backpressure_timeout_s`` is given up on: the request is cancelled (its KV freed) and the stream ends
-with :class:`SlowClient`, so a client that never comes back cannot hold KV forever. The three decisions
-are one small object, :class:`BackpressurePolicy`, which the §1 notebook replays step by step.
+Backpressure policy: each stream buffers at most ``stream_capacity`` undelivered outputs. A client
+that reads slower than tokens are generated first fills the socket, then this buffer; when the
+buffer is full the engine thread **pauses** the request (``LLMEngine.pause``: descheduled,
+BACKPRESSURED; it keeps its KV blocks but stops taking compute from readers that keep up). Once the
+reader has drained the buffer to half, the request is resumed where it stopped. A reader that stays
+away for ``backpressure_timeout_s`` is given up on: the request is cancelled (its KV freed) and the
+stream ends with :class:`SlowClient`, so a client that never comes back cannot hold KV forever. The
+three decisions are one small object, :class:`BackpressurePolicy`, which the §1 notebook replays
+step by step.
 
 System boundary: thread hand-off only; times are ``time.monotonic`` seconds.
 """
@@ -46,14 +48,31 @@ from servelab._validate import require_real
 from servelab.engine import LLMEngine, RequestOutput
 from servelab.engine.sequence import StepOutputs
 from servelab.sampling import SamplingParams
-from servelab.server.streams import (BackpressurePolicy, BridgeError, EngineFailure, InvalidRequest, Overloaded,
-                                     QueueTimeout, RequestStream, SlowClient)
+from servelab.server.streams import (
+    BackpressurePolicy,
+    BridgeError,
+    EngineFailure,
+    InvalidRequest,
+    Overloaded,
+    QueueTimeout,
+    RequestStream,
+    SlowClient,
+)
 
 if TYPE_CHECKING:
     from servelab.server.metrics import ServerMetrics
 
-__all__ = ["BridgeError", "InvalidRequest", "QueueTimeout", "SlowClient", "EngineFailure", "Overloaded",
-           "BackpressurePolicy", "RequestStream", "EngineBridge"]
+__all__ = [
+    "BridgeError",
+    "InvalidRequest",
+    "QueueTimeout",
+    "SlowClient",
+    "EngineFailure",
+    "Overloaded",
+    "BackpressurePolicy",
+    "RequestStream",
+    "EngineBridge",
+]
 
 
 @dataclass
@@ -148,34 +167,48 @@ class EngineBridge:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, deadline_s: float | None = None,
                namespace: str = "") -> RequestStream:
-        """Queue a request for the engine; returns its stream. Raises :class:`Overloaded` when refused.
+        """Queue a request for the engine; returns its stream. Raises :class:`Overloaded` when
+        refused.
 
-        ``deadline_s`` (seconds from now) is handed to the engine, which ends the request as timed out
-        when it passes. ``namespace`` isolates the prefix cache (the tenant).
+        ``deadline_s`` (seconds from now) is handed to the engine, which ends the request as timed
+        out when it passes. ``namespace`` isolates the prefix cache (the tenant).
         """
         retry = max(1.0, self.queue_delay_ewma_s)
         request_id = f"srv-{uuid.uuid4().hex[:16]}"  # unique across bridges sharing an engine
         stream = RequestStream(request_id, self._loop, self.backpressure, on_drain=self.resume)
         tracked = _Tracked(stream, time.monotonic(), namespace)
-        with self._lock:  # checked and queued under the lock, so a stopping engine thread still answers it
+        # checked and queued under the lock, so a stopping engine thread still answers it
+        with self._lock:
             if self._closed or self._thread is None:
                 raise EngineFailure("the engine is not running")
             if self._waiting >= self.max_waiting:
                 raise Overloaded(f"the queue is full ({self.max_waiting} requests waiting)", retry)
-            if deadline_s is not None and self._waiting > 0 and self.queue_delay_ewma_s > deadline_s:
-                raise Overloaded(f"the recent queueing delay ({self.queue_delay_ewma_s:.2f} s) exceeds this "
-                                 f"request's deadline ({deadline_s:g} s)", retry)
+            if (
+                deadline_s is not None
+                and self._waiting > 0
+                and self.queue_delay_ewma_s > deadline_s
+            ):
+                raise Overloaded(
+                    f"the recent queueing delay ({self.queue_delay_ewma_s:.2f} s) exceeds this "
+                    f"request's deadline ({deadline_s:g} s)",
+                    retry,
+                )
             self._waiting += 1
-            self._commands.put(_Command("add", request_id, (prompt_ids, params, deadline_s, namespace),
-                                        tracked=tracked))
+            self._commands.put(
+                _Command(
+                    "add", request_id, (prompt_ids, params, deadline_s, namespace), tracked=tracked
+                )
+            )
         return tracked.stream
 
     def cancel(self, request_id: str) -> None:
-        """Ask the engine thread to cancel ``request_id``; a no-op once it has ended (idempotent)."""
+        """Ask the engine thread to cancel ``request_id``; a no-op once it has ended
+        (idempotent)."""
         self._commands.put(_Command("cancel", request_id))
 
     def resume(self, request_id: str) -> None:
-        """Ask the engine thread to resume a request that backpressure paused (its reader caught up)."""
+        """Ask the engine thread to resume a request that backpressure paused (its reader caught
+        up)."""
         self._commands.put(_Command("resume", request_id))
 
     async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
@@ -194,10 +227,12 @@ class EngineBridge:
             while self._apply(self._next_commands()):
                 self._expire_queue()
                 self._expire_backpressure()
-                if self.engine.has_unfinished():  # while all are paused, a cheap step that checks deadlines
+                # while all are paused, a cheap step that checks deadlines
+                if self.engine.has_unfinished():
                     step_start = time.monotonic()
                     outputs = self.engine.step()
-                    self._mark_started(step_start, outputs.admitted)  # first: admitted and finished in one step counts
+                    # first: admitted and finished in one step counts
+                    self._mark_started(step_start, outputs.admitted)
                     self._count_step(outputs)
                     self._deliver(outputs.outputs)
         except Exception as exc:  # a crashed engine fails every request in flight (FAILED path)
@@ -207,11 +242,15 @@ class EngineBridge:
         self._end_all(EngineFailure("the server is shutting down"))
 
     def _next_commands(self) -> list[_Command]:
-        """Wait for a command when there is nothing to step; while every request is paused, wait at most
-        ``POLL_S`` so the engine still checks deadlines without spinning."""
+        """Wait for a command when there is nothing to step; while every request is paused, wait at
+        most ``POLL_S`` so the engine still checks deadlines without spinning."""
         if not self.engine.has_unfinished():
             return self._drain(block=True)
-        return self._drain(block=True, timeout=self.POLL_S) if self._all_paused() else self._drain(False)
+        return (
+            self._drain(block=True, timeout=self.POLL_S)
+            if self._all_paused()
+            else self._drain(False)
+        )
 
     def _all_paused(self) -> bool:
         return bool(self._tracked) and all(t.paused_at is not None for t in self._tracked.values())
@@ -251,8 +290,13 @@ class EngineBridge:
     def _add(self, command: _Command) -> None:
         prompt_ids, params, deadline_s, namespace = command.args
         try:
-            self.engine.add_request(prompt_ids, params, request_id=command.request_id, deadline_s=deadline_s,
-                                    namespace=namespace)
+            self.engine.add_request(
+                prompt_ids,
+                params,
+                request_id=command.request_id,
+                deadline_s=deadline_s,
+                namespace=namespace,
+            )
         except (ValueError, TypeError) as exc:
             self._unqueue()
             command.tracked.stream.close(InvalidRequest(str(exc)))
@@ -274,7 +318,8 @@ class EngineBridge:
             tracked.stream.close(error)
 
     def _pause(self, request_id: str, tracked: _Tracked) -> None:
-        """Backpressure: deschedule the request (it keeps its KV) until its reader drains the buffer."""
+        """Backpressure: deschedule the request (it keeps its KV) until its reader drains the
+        buffer."""
         tracked.stream.mark_paused()
         tracked.paused_at = time.monotonic()
         self.engine.pause(request_id)
@@ -289,7 +334,9 @@ class EngineBridge:
     def _expire_backpressure(self) -> None:
         now = time.monotonic()
         for request_id, tracked in list(self._tracked.items()):
-            if tracked.paused_at is not None and self.backpressure.should_give_up(now - tracked.paused_at):
+            if tracked.paused_at is not None and self.backpressure.should_give_up(
+                now - tracked.paused_at
+            ):
                 self._cancel(request_id, SlowClient(
                     f"the client left {self.backpressure.capacity} chunks unread for "
                     f"{self.backpressure.timeout:g} s; request cancelled"))
@@ -319,15 +366,21 @@ class EngineBridge:
                     self._unqueue()
                 tracked.stream.close(output)
             elif output.delta:
-                if not tracked.stream.offer(output):  # only if a paused request still produced output
-                    self._cancel(output.request_id, SlowClient(
-                        f"the client left {self.backpressure.capacity} chunks unread; request cancelled"))
+                # only if a paused request still produced output
+                if not tracked.stream.offer(output):
+                    self._cancel(
+                        output.request_id,
+                        SlowClient(
+                            f"the client left {self.backpressure.capacity} chunks unread; "
+                            f"request cancelled"
+                        ),
+                    )
                 elif tracked.stream.full and tracked.paused_at is None:
                     self._pause(output.request_id, tracked)
 
     def _mark_started(self, step_start: float, admitted: tuple[str, ...]) -> None:
-        """Requests the step admitted (``admitted``: request ids) have been scheduled (at ``step_start``):
-        they leave the bound."""
+        """Requests the step admitted (``admitted``: request ids) have been scheduled (at
+        ``step_start``): they leave the bound."""
         for request_id in admitted:
             tracked = self._tracked.get(request_id)
             if tracked is not None and not tracked.started:
@@ -368,8 +421,8 @@ class EngineBridge:
             self.metrics.finished(engine_reason, time.monotonic() - tracked.submitted)
 
     def _end_all(self, error: BridgeError) -> None:
-        """Refuse new commands, end every open stream with ``error``; cancel their requests if the engine
-        still works."""
+        """Refuse new commands, end every open stream with ``error``; cancel their requests if the
+        engine still works."""
         with self._lock:
             self._closed = True
         for request_id, tracked in list(self._tracked.items()):

@@ -118,13 +118,22 @@ def _child(n_steady: int, num_threads: int) -> dict:
         phases.append(watch.lap("first forward"))
         model(ids)
         warm = watch.lap("warm forward")
-    requests = _time_requests(engine, SamplingParams(temperature=0.0, max_tokens=1), 1 + n_steady, watch)
+    requests = _time_requests(
+        engine, SamplingParams(temperature=0.0, max_tokens=1), 1 + n_steady, watch
+    )
     load_file(str(Path(default_model_dir()) / WEIGHTS_FILE))
-    return {"phases": phases + requests[:1], "warm_forward": warm, "file_read": watch.lap("file read"),
-            "steady_ttft": requests[1:], "torch_preloaded": preloaded}
+    return {
+        "phases": phases + requests[:1],
+        "warm_forward": warm,
+        "file_read": watch.lap("file read"),
+        "steady_ttft": requests[1:],
+        "torch_preloaded": preloaded,
+    }
 
 
-def measure_cold_start(n_steady: int = 10, num_threads: int = 1, timeout_s: float = 300.0) -> ColdStart:
+def measure_cold_start(
+    n_steady: int = 10, num_threads: int = 1, timeout_s: float = 300.0
+) -> ColdStart:
     """Time a cold start in a new interpreter (``n_steady`` >= 1 steady requests, torch limited to
     ``num_threads`` threads) and return its phases; raise RuntimeError if the child fails."""
     require_int("n_steady", n_steady, 1)
@@ -135,22 +144,38 @@ def measure_cold_start(n_steady: int = 10, num_threads: int = 1, timeout_s: floa
         p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p))
     # This file runs as a script: ``-m servelab.server.coldstart`` would import the servelab.server
     # package first, and with it the engine and torch, before the clock starts.
-    done = subprocess.run([sys.executable, "-c", _RUN_AS_SCRIPT, str(Path(__file__).resolve()), str(n_steady),
-                           str(num_threads)], capture_output=True, text=True, env=env, timeout=timeout_s)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _RUN_AS_SCRIPT,
+            str(Path(__file__).resolve()),
+            str(n_steady),
+            str(num_threads),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout_s,
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"cold-start child failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+        raise RuntimeError(
+            f"cold-start child failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
+        )
     data = json.loads(done.stdout.strip().splitlines()[-1])
     return ColdStart(tuple(Phase(**p) for p in data["phases"]), Phase(**data["warm_forward"]),
                      Phase(**data["file_read"]), tuple(Phase(**p) for p in data["steady_ttft"]),
                      data["torch_preloaded"])
 
 
-_RUN_AS_SCRIPT = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+_RUN_AS_SCRIPT = (
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
 
 
 def main(argv: list[str]) -> int:
-    """``python lib/servelab/server/coldstart.py N_STEADY NUM_THREADS``: print the measurement as one JSON
-    line."""
+    """``python lib/servelab/server/coldstart.py N_STEADY NUM_THREADS``: print the measurement as
+    one JSON line."""
     n_steady, num_threads = (int(a) for a in argv)
     print(json.dumps(_child(n_steady, num_threads)))
     return 0

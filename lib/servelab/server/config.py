@@ -23,12 +23,12 @@ class ServerConfig:
 
     ``api_keys`` maps key -> tenant (None: open server, one anonymous tenant); ``tenant_limits`` /
     ``per_tenant_limits`` set rate and quota; ``max_body_bytes`` caps a request body;
-    ``max_waiting`` bounds the queue of unscheduled requests and ``queue_timeout_s`` how long one may
-    wait there; ``request_timeout_s`` is the default and the largest ``deadline_s``;
+    ``max_waiting`` bounds the queue of unscheduled requests and ``queue_timeout_s`` how long one
+    may wait there; ``request_timeout_s`` is the default and the largest ``deadline_s``;
     ``stream_buffer_chunks`` bounds undelivered chunks per request: a full buffer pauses the request
     (backpressure) until the reader drains it, and ``backpressure_timeout_s`` later it is cancelled;
-    ``max_n`` caps ``n``; ``default_max_tokens`` applies to a completions request that sets none (a chat
-    request without one may use the rest of the context, as vLLM's).
+    ``max_n`` caps ``n``; ``default_max_tokens`` applies to a completions request that sets none (a
+    chat request without one may use the rest of the context, as vLLM's).
     """
 
     model_name: str = DEFAULT_MODEL_NAME
@@ -51,6 +51,11 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if (isinstance(self.request_timeout_s, bool) or not isinstance(self.request_timeout_s, (int, float))
-                or not 0 < self.request_timeout_s < math.inf):
-            raise ValueError(f"request_timeout_s must be a finite number > 0, got {self.request_timeout_s!r}")
+        if (
+            isinstance(self.request_timeout_s, bool)
+            or not isinstance(self.request_timeout_s, (int, float))
+            or not 0 < self.request_timeout_s < math.inf
+        ):
+            raise ValueError(
+                f"request_timeout_s must be a finite number > 0, got {self.request_timeout_s!r}"
+            )

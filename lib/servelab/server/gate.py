@@ -23,19 +23,35 @@ from dataclasses import dataclass
 __all__ = ["ERROR_TYPES", "Rejection", "TokenBucket", "TenantLimits", "IngressGate", "ANONYMOUS"]
 
 ANONYMOUS = "anonymous"  # the tenant of every request when the server runs without API keys
-ERROR_TYPES = ("invalid_request_error", "authentication_error", "permission_error", "not_found_error",
-               "rate_limit_error", "server_error")  # OpenAI's ``error.type`` values that this server uses
+ERROR_TYPES = (
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "not_found_error",
+    # OpenAI's ``error.type`` values that this server uses
+    "rate_limit_error",
+    "server_error",
+)
 
 
 class Rejection(Exception):
-    """A request refused with an HTTP ``status``; ``retry_after_s`` is set for "try again later" answers.
+    """A request refused with an HTTP ``status``; ``retry_after_s`` is set for "try again later"
+    answers.
 
-    ``error_type`` is one of OpenAI's error types (:data:`ERROR_TYPES`); ``param`` names the offending
-    request field when there is one; ``code`` is a short machine-readable reason (a string) or None.
+    ``error_type`` is one of OpenAI's error types (:data:`ERROR_TYPES`); ``param`` names the
+    offending request field when there is one; ``code`` is a short machine-readable reason (a
+    string) or None.
     """
 
-    def __init__(self, status: int, message: str, error_type: str, retry_after_s: float | None = None,
-                 param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        error_type: str,
+        retry_after_s: float | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         if error_type not in ERROR_TYPES:
             raise ValueError(f"error_type must be one of {ERROR_TYPES}, got {error_type!r}")
@@ -56,11 +72,13 @@ def _check_positive(name: str, value: object) -> float:
 class TokenBucket:
     """Allows ``rate_per_s`` events per second on average and bursts of up to ``burst`` at once.
 
-    The bucket holds up to ``burst`` tokens and refills continuously at ``rate_per_s``; an event takes
-    one token. A full bucket after a quiet spell is what lets a burst through.
+    The bucket holds up to ``burst`` tokens and refills continuously at ``rate_per_s``; an event
+    takes one token. A full bucket after a quiet spell is what lets a burst through.
     """
 
-    def __init__(self, rate_per_s: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, rate_per_s: float, burst: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.rate_per_s = _check_positive("rate_per_s", rate_per_s)
         self.burst = _check_positive("burst", burst)
         if self.burst < 1:
@@ -100,8 +118,11 @@ class TenantLimits:
         _check_positive("requests_per_s", self.requests_per_s)
         _check_positive("burst", self.burst)
         _check_positive("quota_window_s", self.quota_window_s)
-        if self.token_quota is not None and (isinstance(self.token_quota, bool) or not isinstance(self.token_quota, int)
-                                             or self.token_quota < 1):
+        if self.token_quota is not None and (
+            isinstance(self.token_quota, bool)
+            or not isinstance(self.token_quota, int)
+            or self.token_quota < 1
+        ):
             raise ValueError(f"token_quota must be None or an int >= 1, got {self.token_quota!r}")
 
 
@@ -122,15 +143,24 @@ class IngressGate:
     belongs to :data:`ANONYMOUS`. ``limits`` applies to every tenant unless ``per_tenant`` names it.
     """
 
-    def __init__(self, api_keys: Mapping[str, str] | None = None, limits: TenantLimits | None = None,
-                 per_tenant: Mapping[str, TenantLimits] | None = None, max_body_bytes: int = 64 * 1024,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        api_keys: Mapping[str, str] | None = None,
+        limits: TenantLimits | None = None,
+        per_tenant: Mapping[str, TenantLimits] | None = None,
+        max_body_bytes: int = 64 * 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if api_keys is not None:
             if not isinstance(api_keys, Mapping) or not api_keys:
-                raise ValueError("api_keys must be None or a non-empty mapping of API key -> tenant name")
+                raise ValueError(
+                    "api_keys must be None or a non-empty mapping of API key -> tenant name"
+                )
             for key, tenant in api_keys.items():
                 if not (isinstance(key, str) and key and isinstance(tenant, str) and tenant):
-                    raise ValueError("api_keys must map non-empty str keys to non-empty str tenant names")
+                    raise ValueError(
+                        "api_keys must map non-empty str keys to non-empty str tenant names"
+                    )
         self.api_keys = dict(api_keys) if api_keys is not None else None
         self.limits = TenantLimits() if limits is None else limits
         if not isinstance(self.limits, TenantLimits):
@@ -138,7 +168,11 @@ class IngressGate:
         self.per_tenant = dict(per_tenant or {})
         if not all(isinstance(v, TenantLimits) for v in self.per_tenant.values()):
             raise TypeError("per_tenant must map tenant names to TenantLimits")
-        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        if (
+            isinstance(max_body_bytes, bool)
+            or not isinstance(max_body_bytes, int)
+            or max_body_bytes < 1
+        ):
             raise ValueError(f"max_body_bytes must be an int >= 1, got {max_body_bytes!r}")
         self.max_body_bytes = max_body_bytes
         self._clock = clock
@@ -158,18 +192,28 @@ class IngressGate:
         self._check_quota(tenant, state)
         wait = state.bucket.try_take()
         if wait > 0:
-            raise Rejection(429, f"tenant {tenant!r} exceeds {state.limits.requests_per_s:g} requests/s "
-                                 f"(burst {state.limits.burst:g}); retry in {wait:.2f} s",
-                            "rate_limit_error", retry_after_s=wait, code="rate_limit_exceeded")
+            raise Rejection(
+                429,
+                f"tenant {tenant!r} exceeds {state.limits.requests_per_s:g} requests/s "
+                f"(burst {state.limits.burst:g}); retry in {wait:.2f} s",
+                "rate_limit_error",
+                retry_after_s=wait,
+                code="rate_limit_exceeded",
+            )
         return tenant
 
     def body_too_large(self) -> Rejection:
         """The 413 answer for a body over ``max_body_bytes``."""
-        return Rejection(413, f"request body exceeds {self.max_body_bytes} bytes", "invalid_request_error",
-                         code="request_too_large")
+        return Rejection(
+            413,
+            f"request body exceeds {self.max_body_bytes} bytes",
+            "invalid_request_error",
+            code="request_too_large",
+        )
 
     def charge(self, tenant: str, tokens: int) -> None:
-        """Add ``tokens`` (prompt + completion, as reported in usage) to ``tenant``'s current window."""
+        """Add ``tokens`` (prompt + completion, as reported in usage) to ``tenant``'s current
+        window."""
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise ValueError(f"tokens must be an int >= 0, got {tokens!r}")
         state = self._state(tenant)
@@ -187,8 +231,12 @@ class IngressGate:
             return ANONYMOUS
         scheme, _, key = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
-            raise Rejection(401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error",
-                            code="missing_api_key")
+            raise Rejection(
+                401,
+                "missing API key: send 'Authorization: Bearer <key>'",
+                "authentication_error",
+                code="missing_api_key",
+            )
         tenant = self.api_keys.get(key.strip())
         if tenant is None:
             raise Rejection(401, "unknown API key", "authentication_error", code="invalid_api_key")
@@ -211,6 +259,11 @@ class IngressGate:
         self._roll_window(state)
         if quota is not None and state.used_tokens >= quota:
             reset = state.window_start + state.limits.quota_window_s - self._clock()
-            raise Rejection(429, f"tenant {tenant!r} used its quota of {quota} tokens for this window; "
-                                 f"it resets in {reset:.0f} s", "rate_limit_error", retry_after_s=reset,
-                            code="quota_exceeded")
+            raise Rejection(
+                429,
+                f"tenant {tenant!r} used its quota of {quota} tokens for this window; "
+                f"it resets in {reset:.0f} s",
+                "rate_limit_error",
+                retry_after_s=reset,
+                code="quota_exceeded",
+            )

@@ -1,23 +1,23 @@
 """Logprobs in OpenAI's two response formats, from the engine's :class:`TokenLogprob` records.
 
-What is reported: the raw model's ``log_softmax`` (natural log), before temperature, penalties, bias or
-any other processor (vLLM's default ``logprobs_mode="raw_logprobs"``), so the numbers do not depend on
-how the token was chosen. The engine computes them from the logits of the step that produced the token:
-no second forward pass. Prompt logprobs (``echo`` with ``logprobs``) need the logits of every prompt
-position, so such a request never reads the prefix cache (the engine gives it a namespace of its own)
-and ``usage.prompt_tokens_details.cached_tokens`` is 0 for it.
+What is reported: the raw model's ``log_softmax`` (natural log), before temperature, penalties, bias
+or any other processor (vLLM's default ``logprobs_mode="raw_logprobs"``), so the numbers do not
+depend on how the token was chosen. The engine computes them from the logits of the step that
+produced the token: no second forward pass. Prompt logprobs (``echo`` with ``logprobs``) need the
+logits of every prompt position, so such a request never reads the prefix cache (the engine gives it
+a namespace of its own) and ``usage.prompt_tokens_details.cached_tokens`` is 0 for it.
 
-* Completions (legacy): ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, one entry per
-  token; with ``echo`` the prompt's tokens come first, the first of them with ``null`` logprob and
-  ``null`` top_logprobs (nothing predicts it). ``top_logprobs[i]`` maps token text to logprob.
+* Completions (legacy): ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, one entry
+  per token; with ``echo`` the prompt's tokens come first, the first of them with ``null`` logprob
+  and ``null`` top_logprobs (nothing predicts it). ``top_logprobs[i]`` maps token text to logprob.
   ``text_offset[i]`` is where token ``i``'s text starts in the choice's text.
-* Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
-  "refusal": null}``.
+* Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+  "bytes"}]}], "refusal": null}``.
 
-A token's text is ``tokenizer.decode([id])``: a byte-level token that holds part of a UTF-8 character
-decodes to U+FFFD on its own, which ``bytes`` (the token's own UTF-8 bytes of that text) does not repair.
-An end-of-sequence token is listed (lm-evaluation-harness reads the generated token's entry whatever
-it is) with its decoded text, which is usually empty.
+A token's text is ``tokenizer.decode([id])``: a byte-level token that holds part of a UTF-8
+character decodes to U+FFFD on its own, which ``bytes`` (the token's own UTF-8 bytes of that text)
+does not repair. An end-of-sequence token is listed (lm-evaluation-harness reads the generated
+token's entry whatever it is) with its decoded text, which is usually empty.
 
 System boundary: records in, JSON-ready dicts out; no engine state.
 """
@@ -53,7 +53,8 @@ class LogprobFormatter:
         return text
 
     def top_dict(self, record: TokenLogprob) -> dict[str, float]:
-        """The completions format's ``{token text: logprob}`` of the alternatives (the first wins a text clash)."""
+        """The completions format's ``{token text: logprob}`` of the alternatives (the first wins a
+        text clash)."""
         top: dict[str, float] = {}
         for token, logprob in record.top:
             top.setdefault(self.text(token), _value(logprob))
@@ -65,12 +66,15 @@ class LogprobFormatter:
             text = self.text(token)
             return {"token": text, "logprob": _value(logprob), "bytes": list(text.encode())}
 
-        return item(record.token, record.logprob) | {"top_logprobs": [item(t, lp) for t, lp in record.top]}
+        return item(record.token, record.logprob) | {
+            "top_logprobs": [item(t, lp) for t, lp in record.top]
+        }
 
 
 @dataclass
 class CompletionLogprobs:
-    """The legacy format built up chunk by chunk; ``offset`` is where the next token's text starts."""
+    """The legacy format built up chunk by chunk; ``offset`` is where the next token's text
+    starts."""
 
     offset: int = 0
     tokens: list[str] = field(default_factory=list)
@@ -84,7 +88,9 @@ class CompletionLogprobs:
 
     def add(self, formatter: LogprobFormatter, records: Sequence[TokenLogprob]) -> None:
         for record in records:
-            self._add(formatter.text(record.token), _value(record.logprob), formatter.top_dict(record))
+            self._add(
+                formatter.text(record.token), _value(record.logprob), formatter.top_dict(record)
+            )
 
     def _add(self, text: str, logprob: float | None, top: dict | None) -> None:
         self.tokens.append(text)

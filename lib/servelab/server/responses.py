@@ -1,26 +1,28 @@
 """The response side of the OpenAI API: errors, choices, usage, JSON bodies and server-sent events.
 
 One HTTP request becomes one engine request per prompt; each engine request with ``n`` samples (the
-engine prefills the prompt once and forks it) feeds ``n`` choices, so choice ``index = prompt_i * n + j``.
+engine prefills the prompt once and forks it) feeds ``n`` choices, so choice ``index = prompt_i *
+n + j``.
 
 Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with ``type`` one of
 :data:`~servelab.server.gate.ERROR_TYPES` and ``code`` a string or null. An error after the response
 headers went out is sent as one ``data: {"error": ...}`` event, then ``data: [DONE]``.
 
 Streaming format: one ``data: {json}`` event per engine step and choice that produced text; the last
-event of each choice carries its ``finish_reason``; with ``stream_options.include_usage`` every chunk
-carries ``"usage": null`` and one more event with empty ``choices`` carries the usage (OpenAI
+event of each choice carries its ``finish_reason``; with ``stream_options.include_usage`` every
+chunk carries ``"usage": null`` and one more event with empty ``choices`` carries the usage (OpenAI
 semantics); then ``data: [DONE]``.
 
-Logprobs and ``echo``: see :mod:`servelab.server.logprobs`. With ``echo`` the prompt's text (and, with
-``logprobs``, its tokens' entries) opens each choice, in the first streamed chunk of that choice; with
-``echo`` and ``max_tokens: 0`` (:attr:`ParsedRequest.score_only`) the token the engine sampled is left
-out, the choice ends with ``"length"`` and ``completion_tokens`` is 0.
+Logprobs and ``echo``: see :mod:`servelab.server.logprobs`. With ``echo`` the prompt's text (and,
+with ``logprobs``, its tokens' entries) opens each choice, in the first streamed chunk of that
+choice; with ``echo`` and ``max_tokens: 0`` (:attr:`ParsedRequest.score_only`) the token the engine
+sampled is left out, the choice ends with ``"length"`` and ``completion_tokens`` is 0.
 
 Usage: ``prompt_tokens`` counts each prompt once; ``completion_tokens`` counts tokens the engine
-*generated* (what was computed and is billed), summed over choices; ``prompt_tokens_details.cached_tokens``
-the prefix-cache hits; the extension ``servelab_emitted_tokens`` counts the tokens whose text reached the
-client (EOS and a stop-string's last token are generated but not emitted).
+*generated* (what was computed and is billed), summed over choices;
+``prompt_tokens_details.cached_tokens`` the prefix-cache hits; the extension
+``servelab_emitted_tokens`` counts the tokens whose text reached the client (EOS and a stop-string's
+last token are generated but not emitted).
 
 System boundary: the handler's side of the bridge (event-loop thread).
 """
@@ -38,8 +40,14 @@ from aiohttp import web
 
 from servelab.engine import RequestOutput
 from servelab.engine.logprobs import TokenLogprob
-from servelab.server.streams import (BridgeError, EngineFailure, InvalidRequest, QueueTimeout, RequestStream,
-                                     SlowClient)
+from servelab.server.streams import (
+    BridgeError,
+    EngineFailure,
+    InvalidRequest,
+    QueueTimeout,
+    RequestStream,
+    SlowClient,
+)
 from servelab.server.gate import Rejection
 from servelab.server.logprobs import CompletionLogprobs, LogprobFormatter
 
@@ -50,8 +58,14 @@ OPENAI_FINISH = {"stop": "stop", "eos": "stop", "length": "length"}
 
 def error_body(rejection: Rejection) -> dict:
     """OpenAI's error object for ``rejection``."""
-    return {"error": {"message": rejection.message, "type": rejection.error_type, "param": rejection.param,
-                      "code": rejection.code}}
+    return {
+        "error": {
+            "message": rejection.message,
+            "type": rejection.error_type,
+            "param": rejection.param,
+            "code": rejection.code,
+        }
+    }
 
 
 def error_response(rejection: Rejection) -> web.Response:
@@ -66,14 +80,29 @@ def rejection_for(problem: BridgeError | RequestOutput) -> Rejection:
     """The HTTP answer for an engine request that did not finish normally."""
     if isinstance(problem, RequestOutput):
         if problem.finish_reason == "timed_out":
-            return Rejection(504, "the request's deadline passed before it finished", "server_error",
-                             param="deadline_s", code="timeout")
-        return Rejection(500, f"the engine ended the request: {problem.finish_reason}", "server_error",
-                         code="engine_failure")
+            return Rejection(
+                504,
+                "the request's deadline passed before it finished",
+                "server_error",
+                param="deadline_s",
+                code="timeout",
+            )
+        return Rejection(
+            500,
+            f"the engine ended the request: {problem.finish_reason}",
+            "server_error",
+            code="engine_failure",
+        )
     if isinstance(problem, InvalidRequest):
         return Rejection(400, str(problem), "invalid_request_error")
     if isinstance(problem, QueueTimeout):
-        return Rejection(503, str(problem), "server_error", retry_after_s=problem.retry_after_s, code="overloaded")
+        return Rejection(
+            503,
+            str(problem),
+            "server_error",
+            retry_after_s=problem.retry_after_s,
+            code="overloaded",
+        )
     if isinstance(problem, SlowClient):
         return Rejection(503, str(problem), "server_error", code="slow_client")
     if isinstance(problem, EngineFailure):
@@ -83,7 +112,11 @@ def rejection_for(problem: BridgeError | RequestOutput) -> Rejection:
 
 def sse(payload: dict | str) -> bytes:
     """One server-sent event: ``data: <json or literal>`` and the blank line that ends it."""
-    return b"data: " + (payload if isinstance(payload, str) else json.dumps(payload)).encode() + b"\n\n"
+    return (
+        b"data: "
+        + (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+        + b"\n\n"
+    )
 
 
 @dataclass
@@ -94,13 +127,15 @@ class _Choice:
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None  # OpenAI's, once this choice ended normally
     started: bool = False  # its first piece (with the echoed prompt, if any) went out
-    legacy: CompletionLogprobs = field(default_factory=CompletionLogprobs)  # completions' logprobs so far
+    # completions' logprobs so far
+    legacy: CompletionLogprobs = field(default_factory=CompletionLogprobs)
     chat_logprobs: list[dict] = field(default_factory=list)  # chat's logprobs entries so far
 
 
 @dataclass
 class Move:
-    """What one engine output added to one choice: text, logprobs entries from index ``since``, an end."""
+    """What one engine output added to one choice: text, logprobs entries from index ``since``, an
+    end."""
 
     choice: _Choice
     text: str
@@ -140,8 +175,11 @@ class _Prompt:
             return []
         if item.prompt_logprobs is not None:
             self.prompt_logprobs = item.prompt_logprobs
-        parts = ([(s.index, s.delta, s.finished, s.finish_reason, s.logprobs) for s in item.samples] if item.samples
-                 else [(0, item.delta, item.finished, item.finish_reason, item.logprobs)])
+        parts = (
+            [(s.index, s.delta, s.finished, s.finish_reason, s.logprobs) for s in item.samples]
+            if item.samples
+            else [(0, item.delta, item.finished, item.finish_reason, item.logprobs)]
+        )
         moved = []
         for j, delta, finished, reason, records in parts:
             choice = self.choices[j]
@@ -175,13 +213,23 @@ class _Prompt:
 class Exchange:
     """One HTTP request's conversation with the engine: its prompts, choices, ids and envelopes.
 
-    ``logprobs``: alternatives per token when the request asked for logprobs, else None; ``echo_texts``:
-    each prompt's text when the prompt is echoed (completions), else None.
+    ``logprobs``: alternatives per token when the request asked for logprobs, else None;
+    ``echo_texts``: each prompt's text when the prompt is echoed (completions), else None.
     """
 
-    def __init__(self, streams: list[RequestStream], prompt_ids: list[list[int]], n: int, chat: bool, model: str,
-                 include_usage: bool, formatter: LogprobFormatter | None = None, logprobs: int | None = None,
-                 echo_texts: list[str] | None = None, score_only: bool = False) -> None:
+    def __init__(
+        self,
+        streams: list[RequestStream],
+        prompt_ids: list[list[int]],
+        n: int,
+        chat: bool,
+        model: str,
+        include_usage: bool,
+        formatter: LogprobFormatter | None = None,
+        logprobs: int | None = None,
+        echo_texts: list[str] | None = None,
+        score_only: bool = False,
+    ) -> None:
         echo_texts = echo_texts or [None] * len(streams)
         self.prompts = [_Prompt(s, ids, [_Choice(i * n + j) for j in range(n)], echo, score_only)
                         for i, (s, ids, echo) in enumerate(zip(streams, prompt_ids, echo_texts))]
@@ -212,10 +260,11 @@ class Exchange:
         return choice.legacy.body(since)
 
     async def events(self):
-        """Yield ``(prompt, moves)`` in arrival order across prompts until every prompt's request ends.
+        """Yield ``(prompt, moves)`` in arrival order across prompts until every prompt's request
+        ends.
 
-        One reader task per prompt hands items over through a one-slot queue, so an unread output stays
-        in its bounded :class:`RequestStream` (and backpressure reaches the engine thread).
+        One reader task per prompt hands items over through a one-slot queue, so an unread output
+        stays in its bounded :class:`RequestStream` (and backpressure reaches the engine thread).
         """
         handoff: asyncio.Queue = asyncio.Queue(maxsize=1)
 
@@ -246,22 +295,43 @@ class Exchange:
         outputs = [p.last for p in self.prompts if p.last is not None]
         prompt_tokens = sum(p.prompt_tokens for p in self.prompts)
         generated = 0 if self.score_only else sum(o.usage.generated_tokens for o in outputs)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
-                "total_tokens": prompt_tokens + generated,
-                "prompt_tokens_details": {"cached_tokens": sum(o.usage.cached_prompt_tokens for o in outputs)},
-                "servelab_emitted_tokens": 0 if self.score_only else sum(o.usage.emitted_tokens for o in outputs)}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": generated,
+            "total_tokens": prompt_tokens + generated,
+            "prompt_tokens_details": {
+                "cached_tokens": sum(o.usage.cached_prompt_tokens for o in outputs)
+            },
+            "servelab_emitted_tokens": 0
+            if self.score_only
+            else sum(o.usage.emitted_tokens for o in outputs),
+        }
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> bytes:
-        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices}
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if self.include_usage:
             body["usage"] = usage
         return sse(body)
 
     def role_chunk(self) -> bytes:
         """Chat streams open every choice with ``{"role": "assistant", "content": ""}``."""
-        return self.chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                            "finish_reason": None} for c in self.choices])
+        return self.chunk(
+            [
+                {
+                    "index": c.index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                for c in self.choices
+            ]
+        )
 
     def stream_choice(self, move: Move) -> dict:
         logprobs = self._logprobs_body(move.choice, move.since)
@@ -277,10 +347,22 @@ class Exchange:
         for c in self.choices:
             text = "".join(c.text)
             if self.chat:
-                choices.append({"index": c.index, "message": {"role": "assistant", "content": text},
-                                "logprobs": self._logprobs_body(c), "finish_reason": c.finish_reason})
+                choices.append(
+                    {
+                        "index": c.index,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": self._logprobs_body(c),
+                        "finish_reason": c.finish_reason,
+                    }
+                )
             else:
                 choices.append({"index": c.index, "text": text, "logprobs": self._logprobs_body(c),
                                 "finish_reason": c.finish_reason})
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, "usage": self.usage()}
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(),
+        }

@@ -1,12 +1,13 @@
 """What a handler holds of one request in flight: its bounded output stream, the backpressure rule
 that stream is read under, and the errors that end a request before the engine finishes it.
 
-:class:`RequestStream` is filled by the engine thread of :class:`~servelab.server.bridge.EngineBridge`
-and read by one asyncio handler; :class:`BackpressurePolicy` is the rule the bridge applies to it (and
-the §1 notebook replays step by step). The errors map to HTTP statuses in :mod:`servelab.server.responses`.
+:class:`RequestStream` is filled by the engine thread of
+:class:`~servelab.server.bridge.EngineBridge` and read by one asyncio handler;
+:class:`BackpressurePolicy` is the rule the bridge applies to it (and the §1 notebook replays step
+by step). The errors map to HTTP statuses in :mod:`servelab.server.responses`.
 
-System boundary: one stream's buffer and the thread hand-off; times are whatever unit the caller uses
-(the bridge: ``time.monotonic`` seconds).
+System boundary: one stream's buffer and the thread hand-off; times are whatever unit the caller
+uses (the bridge: ``time.monotonic`` seconds).
 """
 
 from __future__ import annotations
@@ -19,8 +20,16 @@ from dataclasses import dataclass
 
 from servelab.engine import RequestOutput
 
-__all__ = ["BridgeError", "InvalidRequest", "QueueTimeout", "SlowClient", "EngineFailure", "Overloaded",
-           "BackpressurePolicy", "RequestStream"]
+__all__ = [
+    "BridgeError",
+    "InvalidRequest",
+    "QueueTimeout",
+    "SlowClient",
+    "EngineFailure",
+    "Overloaded",
+    "BackpressurePolicy",
+    "RequestStream",
+]
 
 
 class BridgeError(Exception):
@@ -43,8 +52,8 @@ class QueueTimeout(BridgeError):
 
 
 class SlowClient(BridgeError):
-    """The client stopped reading: its stream buffer stayed full past the backpressure timeout, so the
-    paused request was cancelled."""
+    """The client stopped reading: its stream buffer stayed full past the backpressure timeout, so
+    the paused request was cancelled."""
 
 
 class EngineFailure(BridgeError):
@@ -52,7 +61,8 @@ class EngineFailure(BridgeError):
 
 
 class Overloaded(Exception):
-    """Refused at submission: the queue is full or the request would miss its deadline (HTTP 503)."""
+    """Refused at submission: the queue is full or the request would miss its deadline (HTTP
+    503)."""
 
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
@@ -64,10 +74,10 @@ class Overloaded(Exception):
 class BackpressurePolicy:
     """The rule that decides when a slow reader's request is paused, resumed or given up on.
 
-    ``capacity``: undelivered outputs one stream may hold; the request is paused when its buffer is full
-    and resumed once the reader has drained it to half. ``timeout``: how long a paused request may wait
-    before it is cancelled. The rule does not care about the unit of time: the bridge applies it in
-    wall-clock seconds, the §1 notebook replays it in engine steps.
+    ``capacity``: undelivered outputs one stream may hold; the request is paused when its buffer is
+    full and resumed once the reader has drained it to half. ``timeout``: how long a paused request
+    may wait before it is cancelled. The rule does not care about the unit of time: the bridge
+    applies it in wall-clock seconds, the §1 notebook replays it in engine steps.
     """
 
     capacity: int
@@ -82,16 +92,17 @@ class BackpressurePolicy:
         return buffered <= self.capacity // 2
 
     def should_give_up(self, paused_for: float) -> bool:
-        """A request paused for longer than ``timeout`` is cancelled, so a vanished reader cannot hold KV."""
+        """A request paused for longer than ``timeout`` is cancelled, so a vanished reader cannot
+        hold KV."""
         return paused_for > self.timeout
 
 
 class RequestStream:
     """A bounded buffer of one request's outputs, filled by the engine thread, read by one handler.
 
-    :meth:`offer` (engine thread) refuses a non-final output once ``policy.capacity`` outputs are unread;
-    :meth:`close` (engine thread) always appends the final item, an output or a :class:`BridgeError`,
-    so the buffer never holds more than ``capacity + 1`` items.
+    :meth:`offer` (engine thread) refuses a non-final output once ``policy.capacity`` outputs are
+    unread; :meth:`close` (engine thread) always appends the final item, an output or a
+    :class:`BridgeError`, so the buffer never holds more than ``capacity + 1`` items.
     """
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, policy: BackpressurePolicy,
@@ -108,7 +119,8 @@ class RequestStream:
 
     @property
     def full(self) -> bool:
-        """True when the policy's ``capacity`` outputs are waiting for the reader (time to pause)."""
+        """True when the policy's ``capacity`` outputs are waiting for the reader (time to
+        pause)."""
         with self._lock:
             return self._policy.should_pause(len(self._items))
 
@@ -140,7 +152,8 @@ class RequestStream:
             pass
 
     async def next(self) -> RequestOutput:
-        """The next output, waiting for it; raises the :class:`BridgeError` that ended the request."""
+        """The next output, waiting for it; raises the :class:`BridgeError` that ended the
+        request."""
         while True:
             with self._lock:
                 if self._items:

@@ -1,14 +1,17 @@
-"""The server's utility endpoints, shaped like vLLM's: ``POST /tokenize``, ``POST /detokenize``, ``GET /version``.
+"""The server's utility endpoints, shaped like vLLM's: ``POST /tokenize``, ``POST /detokenize``,
+``GET /version``.
 
-* ``/tokenize``: ``{"prompt": str}`` or ``{"messages": [...]}`` (rendered with the chat template the chat
-  endpoint uses, generation prompt included), optional ``"model"`` and ``"return_token_strs"``; answers
-  ``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs`` null unless asked for). The ids are
-  exactly what a completions or chat request with the same text would send to the engine.
+* ``/tokenize``: ``{"prompt": str}`` or ``{"messages": [...]}`` (rendered with the chat template the
+  chat endpoint uses, generation prompt included), optional ``"model"`` and ``"return_token_strs"``;
+  answers ``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs`` null unless asked
+  for). The ids are exactly what a completions or chat request with the same text would send to the
+  engine.
 * ``/detokenize``: ``{"tokens": [ids]}`` -> ``{"prompt": text}``.
 * ``/version``: ``{"version": servelab.__version__}``.
 
-Tokenize and detokenize pass the ingress gate like any request (API key, rate limit) and refuse bad input
-with a 400 naming the field. System boundary: one HTTP request, the engine's tokenizer; no engine step.
+Tokenize and detokenize pass the ingress gate like any request (API key, rate limit) and refuse bad
+input with a 400 naming the field. System boundary: one HTTP request, the engine's tokenizer; no
+engine step.
 """
 
 from __future__ import annotations
@@ -28,8 +31,13 @@ __all__ = ["add_utility_routes"]
 def _check_model(body: dict, served: str) -> None:
     model = body.get("model")
     if model is not None and model != served:
-        raise Rejection(404, f"model {ascii(model)[:60]} does not exist; this server serves {served!r}",
-                        "not_found_error", param="model", code="model_not_found")
+        raise Rejection(
+            404,
+            f"model {ascii(model)[:60]} does not exist; this server serves {served!r}",
+            "not_found_error",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _tokenize(state, body: object) -> dict:
@@ -44,11 +52,19 @@ def _tokenize(state, body: object) -> dict:
         text = check_text(body["prompt"], "prompt")
     else:
         raise bad("prompt must be a string", "prompt")
-    # a chat rendered by the checkpoint's template already wrote its BOS: encoded as the chat path does
+    # a chat rendered by the checkpoint's template already wrote its BOS: encoded as the chat path
+    # does
     templated = body.get("messages") is not None and state.engine.chat_template is not None
     ids = state.engine.tokenizer.encode(text, add_special_tokens=not templated).ids
-    strs = [state.formatter.text(t) for t in ids] if _flag(body, "return_token_strs", False) else None
-    return {"count": len(ids), "max_model_len": state.engine.max_model_len, "tokens": ids, "token_strs": strs}
+    strs = (
+        [state.formatter.text(t) for t in ids] if _flag(body, "return_token_strs", False) else None
+    )
+    return {
+        "count": len(ids),
+        "max_model_len": state.engine.max_model_len,
+        "tokens": ids,
+        "token_strs": strs,
+    }
 
 
 def _detokenize(state, body: object) -> dict:
@@ -58,7 +74,11 @@ def _detokenize(state, body: object) -> dict:
     tokens = body.get("tokens")
     if not isinstance(tokens, list):
         raise bad("tokens must be a non-empty list of token ids", "tokens")
-    return {"prompt": state.engine.tokenizer.decode(list(_token_ids(tokens, "tokens", state.vocab_size)))}
+    return {
+        "prompt": state.engine.tokenizer.decode(
+            list(_token_ids(tokens, "tokens", state.vocab_size))
+        )
+    }
 
 
 def add_utility_routes(app: web.Application, state_key: web.AppKey) -> None:

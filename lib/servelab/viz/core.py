@@ -3,17 +3,17 @@
 A figure or table made in a notebook has three audiences:
 
 * the **static HTML book**: there is no kernel and no network. A figure must be drawn by the copy of
-  plotly.js the book ships in its own ``_static`` folder; a slider must move between frames that were
-  computed when the book was built;
+  plotly.js the book ships in its own ``_static`` folder; a slider must move between frames that
+  were computed when the book was built;
 * **Jupyter / JupyterLab / VS Code**: they render plotly's own mime type natively;
 * **Colab**: it shows ``text/html`` in a sandboxed frame that has no plotly.js, so the HTML loads it
   from the plotly CDN when (and only when) ``window.Plotly`` is missing.
 
 :func:`show` emits all three in one output; :func:`slider_figure` precomputes the frames of a one-
-parameter sweep; :func:`table` turns computed rows into an HTML table; :func:`live_controls` gives
-a live ipywidgets control in a kernel whose static twin (a :func:`slider_figure`) is what the book
-shows; :func:`publish` stores a value or an output under a name so that a narrative page can paste it
-with myst-nb's ``{glue}`` role and directive.
+parameter sweep; :func:`table` turns computed rows into an HTML table; :func:`live_controls` gives a
+live ipywidgets control in a kernel whose static twin (a :func:`slider_figure`) is what the book
+shows; :func:`publish` stores a value or an output under a name so that a narrative page can paste
+it with myst-nb's ``{glue}`` role and directive.
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def figure_html(fig: go.Figure, *, height: int | None = None) -> str:
     """The ``<div>`` + ``<script>`` that draws ``fig`` with whatever plotly.js the page has.
 
     The snippet never embeds plotly.js: the book loads one shared copy from ``_static`` before any
-    figure, and in a frame without ``window.Plotly`` (Colab) it fetches the matching version from the
-    plotly CDN first. Frames (for sliders) are added after the first draw.
+    figure, and in a frame without ``window.Plotly`` (Colab) it fetches the matching version from
+    the plotly CDN first. Frames (for sliders) are added after the first draw.
     """
     _check_figure(fig)
     if height is not None and height <= 0:
@@ -108,7 +108,8 @@ def figure_html(fig: go.Figure, *, height: int | None = None) -> str:
     spec["config"] = {"responsive": True, "displaylogo": False}
     layout = spec.setdefault("layout", {})
     if not (layout.get("title") or {}).get("text") and "t" not in (layout.get("margin") or {}):
-        layout.setdefault("margin", {})["t"] = UNTITLED_TOP_MARGIN_PX  # no blank band above the plot
+        # no blank band above the plot
+        layout.setdefault("margin", {})["t"] = UNTITLED_TOP_MARGIN_PX
     spec_json = json.dumps(spec, separators=(",", ":"), sort_keys=True)
     div_id = _div_id(spec_json)
     px = height or fig.layout.height or 450
@@ -258,11 +259,18 @@ def slider_figure(make_figure: Callable[[Any], go.Figure], values: Sequence[Any]
     fig.update_layout(_shared_axis_ranges(drawn))
     step_args = {"mode": "immediate", "frame": {"duration": 0, "redraw": True},
                  "transition": {"duration": 0}}
-    fig.update_layout(sliders=[{
-        "active": active,
-        "currentvalue": {"prefix": f"{label} = "},
-        "steps": [{"label": lab, "method": "animate", "args": [[lab], step_args]} for lab in labels],
-    }])
+    fig.update_layout(
+        sliders=[
+            {
+                "active": active,
+                "currentvalue": {"prefix": f"{label} = "},
+                "steps": [
+                    {"label": lab, "method": "animate", "args": [[lab], step_args]}
+                    for lab in labels
+                ],
+            }
+        ]
+    )
     return tidy_slider_layout(fig)
 
 
@@ -283,7 +291,8 @@ def _shared_axis_ranges(drawn: Sequence[go.Figure]) -> dict[str, Any]:
 
 
 SLIDER_TOP_MARGIN_PX = 84
-"""Room above the plot of a slider figure: the title on top, the legend in one or two rows below it."""
+"""Room above the plot of a slider figure: the title on top, the legend in one or two rows below
+it."""
 
 
 def _legend_rows_px(fig: go.Figure) -> int:
@@ -299,11 +308,19 @@ def tidy_slider_layout(fig: go.Figure) -> go.Figure:
     (clear of subplot titles), and the slider hangs below the x-axis title with its value label,
     so the legend can never sit on the slider's label (the defect of a legend below the plot).
     """
-    subplot_titles = any(getattr(a, "yref", None) == "paper" and (a.y or 0) >= 1 for a in fig.layout.annotations)
+    subplot_titles = any(
+        getattr(a, "yref", None) == "paper" and (a.y or 0) >= 1 for a in fig.layout.annotations
+    )
     legend_px = _legend_rows_px(fig)
     title_lines = 1 + str(fig.layout.title.text or "").count("<br>")
-    top = max(fig.layout.margin.t or 0, SLIDER_TOP_MARGIN_PX + legend_px - 24 + 22 * (title_lines - 1)
-              + (26 if subplot_titles else 0))
+    top = max(
+        fig.layout.margin.t or 0,
+        SLIDER_TOP_MARGIN_PX
+        + legend_px
+        - 24
+        + 22 * (title_lines - 1)
+        + (26 if subplot_titles else 0),
+    )
     height = fig.layout.height or 450
     plot_px = max(height - top - (fig.layout.margin.b or 80), 100)
     lift = (28 if subplot_titles else 6) / plot_px  # paper units above the plot area
@@ -335,7 +352,8 @@ def _cell_text(value: Any, fmt: str | Callable[[Any], str] | None) -> str:
 
 
 class Table:
-    """Rows of computed values shown as an HTML table (a plain-text grid outside HTML front ends)."""
+    """Rows of computed values shown as an HTML table (a plain-text grid outside HTML front
+    ends)."""
 
     def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[str]],
                  numeric: Sequence[bool], caption: str | None = None) -> None:
@@ -367,7 +385,8 @@ def table(rows: Sequence[Mapping[str, Any]] | Sequence[Sequence[Any]], *,
     """A :class:`Table` from computed rows: dicts (their keys give the columns) or sequences.
 
     ``formats`` maps a column to a format spec (``".2f"``) or a function; unformatted floats show
-    four significant digits and unformatted booleans read "yes" or "no". A column whose values are all numbers is right-aligned.
+    four significant digits and unformatted booleans read "yes" or "no". A column whose values are
+    all numbers is right-aligned.
     """
     rows = list(rows)
     if not rows:
@@ -408,7 +427,8 @@ SLIDER_LABEL_PX = 160
 
 
 def selection_slider(name: str, options: Sequence[Any], value: Any):
-    """An ipywidgets SelectionSlider of the course's one size: label 160 px, whole control 520 px."""
+    """An ipywidgets SelectionSlider of the course's one size: label 160 px, whole control 520
+    px."""
     import ipywidgets as widgets
 
     return widgets.SelectionSlider(options=list(options), value=value, description=name,
@@ -447,7 +467,8 @@ class LiveControls:
         self.start = _defaults(make_figure, self.choices)
 
     def twin(self) -> go.Figure:
-        """The static twin: a slider over the ``sweep`` choices, every other control at its start."""
+        """The static twin: a slider over the ``sweep`` choices, every other control at its
+        start."""
         fixed = {k: v for k, v in self.start.items() if k != self.sweep}
         values = self.choices[self.sweep]
         return slider_figure(lambda v: self.make_figure(**fixed, **{self.sweep: v}), values,
@@ -456,7 +477,8 @@ class LiveControls:
     def widget(self):
         """The live control: one selection slider per parameter, redrawing on every change.
 
-        While the book is built there is no reader for a live control, so the static twin is returned
+        While the book is built there is no reader for a live control, so the static twin is
+        returned
         instead: no widget comm traffic reaches the build's notebook client (which can stall on it).
         """
         if in_book_build():

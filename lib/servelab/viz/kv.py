@@ -2,9 +2,9 @@
 eviction, the prefix-cache timing side channel and cache-aware routing.
 
 Every value drawn comes from the library: pool pictures from ``BlockAllocator.inspect().snapshot()``
-(taken from the engine's own allocator between steps), routing from :mod:`servelab.cluster.routing`, and the
-measured numbers from engine runs the notebook makes. This module only arranges them. All builders return
-a ``plotly.graph_objects.Figure``; pass it to ``servelab.viz.show``.
+(taken from the engine's own allocator between steps), routing from :mod:`servelab.cluster.routing`,
+and the measured numbers from engine runs the notebook makes. This module only arranges them. All
+builders return a ``plotly.graph_objects.Figure``; pass it to ``servelab.viz.show``.
 """
 
 from __future__ import annotations
@@ -76,10 +76,24 @@ def _pool_trace(snapshot: Mapping, colors: Mapping[Hashable, str]) -> go.Scatter
         owners = ", ".join(map(str, block["owners"])) or "none"
         hovers.append(f"block {block['block']}: {block['state']}, refcount {block['refcount']}<br>"
                       f"holders: {owners}<br>slots filled {block['num_filled']}/{size}")
-    return go.Scatter(x=xs, y=ys, mode="markers+text", text=labels, hovertext=hovers, hoverinfo="text",
-                      textfont={"size": 10, "color": inks}, showlegend=False,
-                      marker={"symbol": "square", "size": 34, "color": fills,
-                              "line": {"color": lines, "width": 2}}, xaxis="x", yaxis="y")
+    return go.Scatter(
+        x=xs,
+        y=ys,
+        mode="markers+text",
+        text=labels,
+        hovertext=hovers,
+        hoverinfo="text",
+        textfont={"size": 10, "color": inks},
+        showlegend=False,
+        marker={
+            "symbol": "square",
+            "size": 34,
+            "color": fills,
+            "line": {"color": lines, "width": 2},
+        },
+        xaxis="x",
+        yaxis="y",
+    )
 
 
 def _table_trace(snapshot: Mapping, colors: Mapping[Hashable, str],
@@ -94,9 +108,19 @@ def _table_trace(snapshot: Mapping, colors: Mapping[Hashable, str],
             labels.append(str(physical))
             hovers.append(f"{seq_id}: logical block {logical} -> physical {physical} "
                           f"(refcount {refcount[physical]})")
-    return go.Scatter(x=xs, y=ys, mode="markers+text", text=labels, hovertext=hovers, hoverinfo="text",
-                      textfont={"size": 10, "color": "#ffffff"}, showlegend=False,
-                      marker={"symbol": "square", "size": 26, "color": fills}, xaxis="x2", yaxis="y2")
+    return go.Scatter(
+        x=xs,
+        y=ys,
+        mode="markers+text",
+        text=labels,
+        hovertext=hovers,
+        hoverinfo="text",
+        textfont={"size": 10, "color": "#ffffff"},
+        showlegend=False,
+        marker={"symbol": "square", "size": 26, "color": fills},
+        xaxis="x2",
+        yaxis="y2",
+    )
 
 
 def pool_figure(snapshot: Mapping, *, colors: Mapping[Hashable, str] | None = None,
@@ -105,9 +129,10 @@ def pool_figure(snapshot: Mapping, *, colors: Mapping[Hashable, str] | None = No
     """The physical block pool (top) and every sequence's block table (bottom) from one snapshot.
 
     Top: one square per physical block, coloured by its holder; black = shared by several tables,
-    grey = free but still holding a reusable prefix, white = free. Bottom: row per sequence, entry ``i``
-    is the physical block of logical block ``i``. ``rows`` fixes the order of sequence rows (and makes
-    room for sequences absent from this snapshot); ``max_table_len`` fixes the bottom axis width.
+    grey = free but still holding a reusable prefix, white = free. Bottom: row per sequence, entry
+    ``i`` is the physical block of logical block ``i``. ``rows`` fixes the order of sequence rows
+    (and makes room for sequences absent from this snapshot); ``max_table_len`` fixes the bottom
+    axis width.
     """
     _check_snapshot(snapshot)
     rows = list(rows) if rows is not None else list(snapshot["sequences"])
@@ -121,35 +146,86 @@ def pool_figure(snapshot: Mapping, *, colors: Mapping[Hashable, str] | None = No
     fig = go.Figure([_pool_trace(snapshot, colors), _table_trace(snapshot, colors, rows)])
     top = 0.45 + 0.1 * min(pool_rows, 4) / 4
     fig.update_layout(
-        title=title, height=260 + 42 * (pool_rows + len(rows)), plot_bgcolor="#ffffff",
-        margin={"l": 90, "r": 20, "t": 90, "b": 40}, showlegend=False,
-        xaxis={"domain": [0, 1], "range": [-0.7, POOL_COLUMNS - 0.3], "visible": False, "anchor": "y"},
-        yaxis={"domain": [top, 1], "range": [pool_rows - 0.5, -0.7], "visible": False, "anchor": "x"},
-        xaxis2={"domain": [0, 1], "range": [-0.7, max(width, POOL_COLUMNS) - 0.3], "anchor": "y2",
-                "title": "logical block index", "dtick": 1, "showgrid": False, "zeroline": False},
-        yaxis2={"domain": [0, top - 0.12], "range": [len(rows) - 0.5, -0.5], "anchor": "x2",
-                "tickvals": list(range(len(rows))), "ticktext": [str(r) for r in rows],
-                "showgrid": False, "zeroline": False},
+        title=title,
+        height=260 + 42 * (pool_rows + len(rows)),
+        plot_bgcolor="#ffffff",
+        margin={"l": 90, "r": 20, "t": 90, "b": 40},
+        showlegend=False,
+        xaxis={
+            "domain": [0, 1],
+            "range": [-0.7, POOL_COLUMNS - 0.3],
+            "visible": False,
+            "anchor": "y",
+        },
+        yaxis={
+            "domain": [top, 1],
+            "range": [pool_rows - 0.5, -0.7],
+            "visible": False,
+            "anchor": "x",
+        },
+        xaxis2={
+            "domain": [0, 1],
+            "range": [-0.7, max(width, POOL_COLUMNS) - 0.3],
+            "anchor": "y2",
+            "title": "logical block index",
+            "dtick": 1,
+            "showgrid": False,
+            "zeroline": False,
+        },
+        yaxis2={
+            "domain": [0, top - 0.12],
+            "range": [len(rows) - 0.5, -0.5],
+            "anchor": "x2",
+            "tickvals": list(range(len(rows))),
+            "ticktext": [str(r) for r in rows],
+            "showgrid": False,
+            "zeroline": False,
+        },
         annotations=[
-            {"text": f"<b>physical block pool</b><br>{POOL_KEY}", "x": 0, "y": 1.0, "align": "left",
-             "xref": "paper", "yref": "paper", "xanchor": "left", "yanchor": "bottom", "showarrow": False},
-            {"text": "<b>block tables</b> (entry = physical block id)", "x": 0, "y": top - 0.1,
-             "xref": "paper", "yref": "paper", "xanchor": "left", "yanchor": "bottom",
-             "showarrow": False},
+            {
+                "text": f"<b>physical block pool</b><br>{POOL_KEY}",
+                "x": 0,
+                "y": 1.0,
+                "align": "left",
+                "xref": "paper",
+                "yref": "paper",
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "showarrow": False,
+            },
+            {
+                "text": "<b>block tables</b> (entry = physical block id)",
+                "x": 0,
+                "y": top - 0.1,
+                "xref": "paper",
+                "yref": "paper",
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "showarrow": False,
+            },
         ],
     )
     return fig
 
 
-def pool_slider_figure(snapshots: Sequence[Mapping], labels: Sequence[str], *,
-                       titles: Sequence[str] | None = None, label: str = "step", active: int = 0) -> go.Figure:
-    """:func:`pool_figure` for each snapshot, behind one slider; colours and rows stay fixed throughout.
+def pool_slider_figure(
+    snapshots: Sequence[Mapping],
+    labels: Sequence[str],
+    *,
+    titles: Sequence[str] | None = None,
+    label: str = "step",
+    active: int = 0,
+) -> go.Figure:
+    """:func:`pool_figure` for each snapshot, behind one slider; colours and rows stay fixed
+    throughout.
 
     ``active`` is the index of the snapshot shown first.
     """
     snapshots, labels = list(snapshots), list(labels)
     if not snapshots or len(snapshots) != len(labels):
-        raise ValueError(f"need one label per snapshot, got {len(snapshots)} snapshots, {len(labels)} labels")
+        raise ValueError(
+            f"need one label per snapshot, got {len(snapshots)} snapshots, {len(labels)} labels"
+        )
     titles = list(titles) if titles is not None else [f"{label} {lab}" for lab in labels]
     if len(titles) != len(snapshots):
         raise ValueError("titles must have one entry per snapshot")
@@ -174,24 +250,30 @@ def fragmentation_figure(block_sizes: Sequence[int], measured: Sequence[float],
     ``servelab.kv.block_alloc_slots`` on the same sequence lengths.
     """
     if not (len(block_sizes) == len(measured) == len(predicted)) or not block_sizes:
-        raise ValueError("block_sizes, measured and predicted must be non-empty and of equal length")
+        raise ValueError(
+            "block_sizes, measured and predicted must be non-empty and of equal length"
+        )
     fig = go.Figure([
         go.Scatter(x=list(block_sizes), y=[100 * v for v in measured], mode="lines+markers",
                    name="measured on the engine (mean over steps)"),
         go.Scatter(x=list(block_sizes), y=[100 * v for v in predicted], mode="lines+markers",
                    name="block_alloc_slots on the final lengths", line={"dash": "dot"}),
     ])
-    fig.update_layout(title="Internal fragmentation grows with the block size",
-                      xaxis={"title": "block size (tokens)", "type": "log", "tickvals": list(block_sizes)},
-                      yaxis={"title": "allocated slots holding no token (%)", "rangemode": "tozero"},
-                      legend={"orientation": "h", "y": -0.25}, height=420)
+    fig.update_layout(
+        title="Internal fragmentation grows with the block size",
+        xaxis={"title": "block size (tokens)", "type": "log", "tickvals": list(block_sizes)},
+        yaxis={"title": "allocated slots holding no token (%)", "rangemode": "tozero"},
+        legend={"orientation": "h", "y": -0.25},
+        height=420,
+    )
     return fig
 
 
 def preemption_figure(rows: Sequence[Mapping[str, float]], metrics: Mapping[str, str]) -> go.Figure:
     """One small bar chart per metric, one bar per preemption mode.
 
-    ``rows`` are dicts with a ``"mode"`` key plus one key per entry of ``metrics`` (key -> axis title).
+    ``rows`` are dicts with a ``"mode"`` key plus one key per entry of ``metrics`` (key -> axis
+    title).
     """
     if not rows or not metrics:
         raise ValueError("rows and metrics must be non-empty")
@@ -203,16 +285,32 @@ def preemption_figure(rows: Sequence[Mapping[str, float]], metrics: Mapping[str,
     modes = [r["mode"] for r in rows]
     colors = owner_colors(modes)
     for col, key in enumerate(metrics, start=1):
-        fig.add_trace(go.Bar(x=modes, y=[r[key] for r in rows], marker_color=[colors[m] for m in modes],
-                             showlegend=False, hovertemplate="%{x}: %{y}<extra></extra>"), row=1, col=col)
+        fig.add_trace(
+            go.Bar(
+                x=modes,
+                y=[r[key] for r in rows],
+                marker_color=[colors[m] for m in modes],
+                showlegend=False,
+                hovertemplate="%{x}: %{y}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
     fig.update_layout(title="What each way of preempting frees, and what it costs", height=380)
     return fig
 
 
-def distribution_shift_figure(tokens: Sequence[str], full: Sequence[float], evicted: Sequence[float], *,
-                              dropped: int, distance: float, y_max: float | None = None) -> go.Figure:
-    """Next-token probabilities with the whole history cached vs with the oldest ``dropped`` tokens' KV
-    evicted, for the same candidate ``tokens``; ``distance`` (total variation) goes in the title.
+def distribution_shift_figure(
+    tokens: Sequence[str],
+    full: Sequence[float],
+    evicted: Sequence[float],
+    *,
+    dropped: int,
+    distance: float,
+    y_max: float | None = None,
+) -> go.Figure:
+    """Next-token probabilities with the whole history cached vs with the oldest ``dropped`` tokens'
+    KV evicted, for the same candidate ``tokens``; ``distance`` (total variation) goes in the title.
 
     ``y_max`` fixes the probability axis (pass the largest value over every frame of a slider).
     """
@@ -227,9 +325,14 @@ def distribution_shift_figure(tokens: Sequence[str], full: Sequence[float], evic
         go.Bar(x=labels, y=list(evicted), name=f"oldest {dropped} tokens' KV evicted",
                marker_color=PALETTE[1]),
     ])
-    fig.update_layout(barmode="group", height=440, yaxis={"title": "probability", "range": [0, top]},
-                      title=f"{dropped} oldest tokens evicted: total variation {distance:.4f}",
-                      margin={"t": 110}, legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"})
+    fig.update_layout(
+        barmode="group",
+        height=440,
+        yaxis={"title": "probability", "range": [0, top]},
+        title=f"{dropped} oldest tokens evicted: total variation {distance:.4f}",
+        margin={"t": 110},
+        legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
+    )
     return fig
 
 
@@ -238,22 +341,47 @@ def ttft_probe_figure(samples: Mapping[str, Sequence[float]], *, unit: str = "ms
     if not samples or any(len(v) == 0 for v in samples.values()):
         raise ValueError("samples must map each condition to at least one measurement")
     colors = owner_colors(list(samples))
-    fig = go.Figure([go.Box(y=list(v), name=name, boxpoints="all", jitter=0.4, pointpos=0,
-                            marker_color=colors[name], showlegend=False) for name, v in samples.items()])
-    fig.update_layout(title="What a probing tenant measures", yaxis={"title": f"TTFT ({unit})",
-                                                                   "rangemode": "tozero"}, height=420)
+    fig = go.Figure(
+        [
+            go.Box(
+                y=list(v),
+                name=name,
+                boxpoints="all",
+                jitter=0.4,
+                pointpos=0,
+                marker_color=colors[name],
+                showlegend=False,
+            )
+            for name, v in samples.items()
+        ]
+    )
+    fig.update_layout(
+        title="What a probing tenant measures",
+        yaxis={"title": f"TTFT ({unit})", "rangemode": "tozero"},
+        height=420,
+    )
     return fig
 
 
 def routing_figure(results: Sequence[RoutingResult]) -> go.Figure:
-    """Prefix-cache hit rate (left) and completion time, mean and p95 on a log axis (right), per policy."""
+    """Prefix-cache hit rate (left) and completion time, mean and p95 on a log axis (right), per
+    policy."""
     if not results or not all(isinstance(r, RoutingResult) for r in results):
         raise ValueError("results must be a non-empty sequence of RoutingResult")
     names = [r.policy for r in results]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("prefix-cache hit rate",
                                                         "completion time (simulated ms, log)"))
-    fig.add_trace(go.Bar(x=names, y=[r.hit_rate for r in results], marker_color=PALETTE[2],
-                         showlegend=False, hovertemplate="%{x}: %{y:.1%}<extra></extra>"), row=1, col=1)
+    fig.add_trace(
+        go.Bar(
+            x=names,
+            y=[r.hit_rate for r in results],
+            marker_color=PALETTE[2],
+            showlegend=False,
+            hovertemplate="%{x}: %{y:.1%}<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
     fig.add_trace(go.Bar(x=names, y=[r.mean_completion_ms for r in results], name="mean",
                          marker_color=PALETTE[0]), row=1, col=2)
     fig.add_trace(go.Bar(x=names, y=[r.completion_percentile_ms(95) for r in results], name="p95",

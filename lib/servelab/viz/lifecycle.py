@@ -3,9 +3,9 @@
 :func:`layout` places the states of ``TRANSITIONS`` by rule: the happy path's non-terminal states
 (:data:`HAPPY_PATH`, checked against ``TRANSITIONS``) form the main row; every other non-terminal
 state (a side branch) sits above it at the mean position of the main-row states it connects to;
-terminal states sit below, under the states that lead to them, pushed apart where they would overlap.
-:func:`state_diagram` draws that layout with plotly (hover a state for its guard, resources and
-cleanup); :func:`journey_figure` steps through one request's history on the same diagram;
+terminal states sit below, under the states that lead to them, pushed apart where they would
+overlap. :func:`state_diagram` draws that layout with plotly (hover a state for its guard, resources
+and cleanup); :func:`journey_figure` steps through one request's history on the same diagram;
 :func:`state_table` renders ``STATE_TABLE`` as a table.
 """
 
@@ -118,7 +118,8 @@ def _guard(state: RequestState, info: StateInfo) -> str:
 
 def state_guard(state: RequestState, table: Mapping[RequestState, StateInfo] = STATE_TABLE) -> str:
     """The guard of ``state`` as the book shows it; an admission state's names what its reservation
-    covers, in the words of :mod:`servelab.lifecycle.reservation_rules` for the default ``EngineConfig``."""
+    covers, in the words of :mod:`servelab.lifecycle.reservation_rules` for the default
+    ``EngineConfig``."""
     return _guard(state, table[state])
 
 
@@ -129,7 +130,8 @@ def _hover(state: RequestState, info: StateInfo) -> str:
 
 
 def _edge_kind(src: RequestState, dst: RequestState, points: Mapping[RequestState, Point]) -> str:
-    """``main`` for a step of the happy path, ``terminal`` for any other way to end, else ``side``."""
+    """``main`` for a step of the happy path, ``terminal`` for any other way to end, else
+    ``side``."""
     if (src, dst) in zip(HAPPY_PATH, HAPPY_PATH[1:]):
         return "main"
     return "terminal" if points[dst].row == "terminal" else "side"
@@ -226,7 +228,8 @@ def _value(value: object) -> str:
 
 
 def state_table(table: Mapping[RequestState, StateInfo] = STATE_TABLE) -> core.Table:
-    """``STATE_TABLE`` as a table: per state, its guard, what it holds, its cleanup, terminal or not."""
+    """``STATE_TABLE`` as a table: per state, its guard, what it holds, its cleanup, terminal or
+    not."""
     rows = [
         {"state": state.name, "guard (to enter)": _guard(state, info), "holds": _value(info.holds),
          "cleanup (on a terminal exit)": info.cleanup, "terminal": "yes" if info.terminal else ""}

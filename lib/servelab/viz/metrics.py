@@ -1,9 +1,10 @@
-"""Figures for the metrics chapter: one request's timeline, a load sweep, the roofline, tail latency.
+"""Figures for the metrics chapter: one request's timeline, a load sweep, the roofline, tail
+latency.
 
-Every value drawn comes from :mod:`servelab.metrics.latency` (TTFT, ITL, TPOT, throughput, SLO attainment,
-goodput, percentiles) or :mod:`servelab.metrics.roofline` (ridge points, prefill/decode costs); this module
-only arranges it. All builders
-return a ``plotly.graph_objects.Figure``; pass it to ``servelab.viz.core.show``.
+Every value drawn comes from :mod:`servelab.metrics.latency` (TTFT, ITL, TPOT, throughput, SLO
+attainment, goodput, percentiles) or :mod:`servelab.metrics.roofline` (ridge points, prefill/decode
+costs); this module only arranges it. All builders return a ``plotly.graph_objects.Figure``; pass it
+to ``servelab.viz.core.show``.
 """
 
 from __future__ import annotations
@@ -60,12 +61,16 @@ def timeline_figure(timing: m.RequestTiming, *, unit: str = "ms",
     ``token_texts`` (one per emitted token) label the emit markers.
     """
     if not isinstance(timing, m.RequestTiming):
-        raise TypeError(f"timing must be a servelab.metrics.latency.RequestTiming, got {type(timing).__name__}")
+        raise TypeError(
+            f"timing must be a servelab.metrics.latency.RequestTiming, got {type(timing).__name__}"
+        )
     if timing.output_tokens < 2:
         raise ValueError("timing must hold at least two emitted tokens to show ITL and TPOT")
     k = _scale(unit)
     if token_texts is not None and len(token_texts) != timing.output_tokens:
-        raise ValueError(f"token_texts must hold one text per emitted token ({timing.output_tokens})")
+        raise ValueError(
+            f"token_texts must hold one text per emitted token ({timing.output_tokens})"
+        )
     emits = [(t - timing.arrival) * k for t in timing.emit_times]
     gaps = [g * k for g in timing.itl]
     ttft, tpot = timing.ttft * k, timing.tpot * k
@@ -76,24 +81,58 @@ def timeline_figure(timing: m.RequestTiming, *, unit: str = "ms",
     _span(fig, timing.queue_delay * k, emits[0], TTFT_COLOR, "TTFT (rest: prefill + first token)",
           f"TTFT {ttft:.2f} {unit}", True)
     for j, (start, gap) in enumerate(zip(emits, gaps), start=2):
-        _span(fig, start, start + gap, ITL_COLORS[j % 2], "ITL", f"ITL_{j} {gap:.2f} {unit}", j == 2)
+        _span(
+            fig, start, start + gap, ITL_COLORS[j % 2], "ITL", f"ITL_{j} {gap:.2f} {unit}", j == 2
+        )
     labels = token_texts or [str(j) for j in range(1, len(emits) + 1)]
-    fig.add_trace(go.Scatter(x=emits, y=["request"] * len(emits), mode="markers", name="token emitted",
-                             marker={"symbol": "line-ns-open", "size": 18, "color": "black"},
-                             text=list(labels), hovertemplate="%{text} at %{x:.2f}<extra></extra>"),
-                  row=1, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=emits,
+            y=["request"] * len(emits),
+            mode="markers",
+            name="token emitted",
+            marker={"symbol": "line-ns-open", "size": 18, "color": "black"},
+            text=list(labels),
+            hovertemplate="%{text} at %{x:.2f}<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
     index = list(range(2, len(emits) + 1))
-    fig.add_trace(go.Bar(x=index, y=gaps, name="ITL_j", marker_color=ITL_COLORS[0], showlegend=False,
-                         hovertemplate="ITL_%{x}: %{y:.2f}<extra></extra>"), row=2, col=1)
-    fig.add_trace(go.Scatter(x=[index[0], index[-1]], y=[tpot, tpot], mode="lines",
-                             name=f"TPOT = {tpot:.2f} {unit}", line={"dash": "dash", "color": "black"}),
-                  row=2, col=1)
+    fig.add_trace(
+        go.Bar(
+            x=index,
+            y=gaps,
+            name="ITL_j",
+            marker_color=ITL_COLORS[0],
+            showlegend=False,
+            hovertemplate="ITL_%{x}: %{y:.2f}<extra></extra>",
+        ),
+        row=2,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[index[0], index[-1]],
+            y=[tpot, tpot],
+            mode="lines",
+            name=f"TPOT = {tpot:.2f} {unit}",
+            line={"dash": "dash", "color": "black"},
+        ),
+        row=2,
+        col=1,
+    )
     lhs = (timing.emit_times[-1] - timing.arrival) * k
     holds = m.e2e_identity_holds(timing.arrival, list(timing.emit_times))
-    fig.update_layout(barmode="overlay", legend_orientation="h", legend_y=-0.2, margin={"t": 90},
-                      height=520,
-                      title=f"t_last − t_arrival = {lhs:.2f} {unit}; TTFT + ΣITL = "
-                            f"{ttft + sum(gaps):.2f} {unit} (the identity {'holds' if holds else 'fails'})")
+    fig.update_layout(
+        barmode="overlay",
+        legend_orientation="h",
+        legend_y=-0.2,
+        margin={"t": 90},
+        height=520,
+        title=f"t_last − t_arrival = {lhs:.2f} {unit}; TTFT + ΣITL = "
+        f"{ttft + sum(gaps):.2f} {unit} (the identity {'holds' if holds else 'fails'})",
+    )
     fig.update_xaxes(title_text=f"time since arrival ({unit})", row=1, col=1)
     fig.update_xaxes(title_text="output token j", row=2, col=1)
     fig.update_yaxes(title_text=unit, row=2, col=1)
@@ -103,11 +142,22 @@ def timeline_figure(timing: m.RequestTiming, *, unit: str = "ms",
 SWEEP_CURVES = ("throughput", "goodput", "attainment")
 
 
-def _band_trace(x: np.ndarray, low: np.ndarray, high: np.ndarray, name: str, colour: str) -> go.Scatter:
+def _band_trace(
+    x: np.ndarray, low: np.ndarray, high: np.ndarray, name: str, colour: str
+) -> go.Scatter:
     """A shaded polygon from ``low`` to ``high`` over ``x``, in the legend group of its curve."""
-    return go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([high, low[::-1]]), fill="toself",
-                      fillcolor=colour, line={"width": 0}, opacity=0.25, hoverinfo="skip",
-                      name=f"{name} (min-max)", legendgroup=name, showlegend=False)
+    return go.Scatter(
+        x=np.concatenate([x, x[::-1]]),
+        y=np.concatenate([high, low[::-1]]),
+        fill="toself",
+        fillcolor=colour,
+        line={"width": 0},
+        opacity=0.25,
+        hoverinfo="skip",
+        name=f"{name} (min-max)",
+        legendgroup=name,
+        showlegend=False,
+    )
 
 
 def _sweep_bands(bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None, size: int,
@@ -125,11 +175,17 @@ def _sweep_bands(bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | 
     return out
 
 
-def load_sweep_figure(offered: Sequence[float], throughput: Sequence[float], goodput: Sequence[float],
-                      attainment: Sequence[float], *, rate_unit: str = "requests/s",
-                      bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None
-                      ) -> go.Figure:
-    """Throughput and goodput (rates, top) and SLO attainment (a fraction, bottom) against offered load.
+def load_sweep_figure(
+    offered: Sequence[float],
+    throughput: Sequence[float],
+    goodput: Sequence[float],
+    attainment: Sequence[float],
+    *,
+    rate_unit: str = "requests/s",
+    bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+) -> go.Figure:
+    """Throughput and goodput (rates, top) and SLO attainment (a fraction, bottom) against offered
+    load.
 
     The three curves share the x axis but not the y axis on purpose: goodput is a rate, attainment
     a dimensionless fraction. ``bands`` maps a curve name in ``SWEEP_CURVES`` to ``(low, high)``
@@ -137,7 +193,9 @@ def load_sweep_figure(offered: Sequence[float], throughput: Sequence[float], goo
     """
     series = [np.asarray(s, dtype=float) for s in (offered, throughput, goodput, attainment)]
     if len({s.shape for s in series}) != 1 or series[0].ndim != 1 or series[0].size < 2:
-        raise ValueError("offered, throughput, goodput and attainment must be 1-D and equally long (>= 2)")
+        raise ValueError(
+            "offered, throughput, goodput and attainment must be 1-D and equally long (>= 2)"
+        )
     if ((series[3] < 0) | (series[3] > 1)).any():
         raise ValueError("attainment must be a fraction in [0, 1]")
     x, thr, good, att = series
@@ -180,24 +238,44 @@ def _intensity_grid(values: Sequence[float]) -> np.ndarray:
 
 def _ridge_traces(ridges: Mapping[str, float], y_span: tuple[float, float]) -> list[go.Scatter]:
     """One dotted vertical line per ridge point, named in the legend (no free text to collide)."""
-    return [go.Scatter(x=[ridge, ridge], y=list(y_span), mode="lines", name=f"{name} ridge I* = {ridge:.1f}",
-                       line={"dash": "dot", "color": "grey", "width": 1.5},
-                       hovertemplate=f"{name} ridge point: {ridge:.1f} FLOP/B<extra></extra>")
-            for name, ridge in ridges.items()]
+    return [
+        go.Scatter(
+            x=[ridge, ridge],
+            y=list(y_span),
+            mode="lines",
+            name=f"{name} ridge I* = {ridge:.1f}",
+            line={"dash": "dot", "color": "grey", "width": 1.5},
+            hovertemplate=f"{name} ridge point: {ridge:.1f} FLOP/B<extra></extra>",
+        )
+        for name, ridge in ridges.items()
+    ]
 
 
-def _point_trace(label: str, intensity: float, flops: float, hover: str | None = None) -> go.Scatter:
-    """A kernel or phase as a marked point named in the legend: squares for prefill, circles otherwise."""
-    return go.Scatter(x=[intensity], y=[flops], mode="markers", name=label,
-                      marker={"size": 12, "symbol": "square" if label.endswith("prefill") else "circle"},
-                      hovertemplate=hover or f"{label}: I = %{{x:.3g}} FLOP/B<extra></extra>")
+def _point_trace(
+    label: str, intensity: float, flops: float, hover: str | None = None
+) -> go.Scatter:
+    """A kernel or phase as a marked point named in the legend: squares for prefill, circles
+    otherwise."""
+    return go.Scatter(
+        x=[intensity],
+        y=[flops],
+        mode="markers",
+        name=label,
+        marker={"size": 12, "symbol": "square" if label.endswith("prefill") else "circle"},
+        hovertemplate=hover or f"{label}: I = %{{x:.3g}} FLOP/B<extra></extra>",
+    )
 
 
 def _roofline_layout(fig: go.Figure) -> go.Figure:
     """Log axes; the legend names every roof, ridge and point, to the right of the plot."""
-    fig.update_layout(xaxis_type="log", yaxis_type="log", xaxis_title="arithmetic intensity (FLOP/byte)",
-                      yaxis_title="attainable FLOP/s (upper bound)", margin={"t": 40},
-                      legend={"x": 1.02, "y": 1, "xanchor": "left", "yanchor": "top"})
+    fig.update_layout(
+        xaxis_type="log",
+        yaxis_type="log",
+        xaxis_title="arithmetic intensity (FLOP/byte)",
+        yaxis_title="attainable FLOP/s (upper bound)",
+        margin={"t": 40},
+        legend={"x": 1.02, "y": 1, "xanchor": "left", "yanchor": "top"},
+    )
     return fig
 
 
@@ -213,14 +291,16 @@ def roofline_figure(devices: Mapping[str, tuple[float, float]],
     fig = _roofs(devices, kernels.values())
     peak, bandwidth = next(iter(devices.values()))
     for name, intensity in kernels.items():
-        fig.add_trace(_point_trace(name, intensity, roofline.attainable_flops(intensity, peak, bandwidth)))
+        fig.add_trace(
+            _point_trace(name, intensity, roofline.attainable_flops(intensity, peak, bandwidth))
+        )
     return _roofline_layout(fig)
 
 
 def _roofs(devices: Mapping[str, tuple[float, float]], intensities: Iterable[float],
            lowest_flops: float = math.inf) -> go.Figure:
-    """Every device's roof over a grid spanning its ridge and ``intensities``, with its ridge line drawn
-    down to ``lowest_flops`` (FLOP/s) or the lowest roof, whichever is lower."""
+    """Every device's roof over a grid spanning its ridge and ``intensities``, with its ridge line
+    drawn down to ``lowest_flops`` (FLOP/s) or the lowest roof, whichever is lower."""
     ridges = _check_devices(devices)
     grid = _intensity_grid([*ridges.values(), *intensities])
     fig = go.Figure([_ceiling_trace(name, *spec, grid) for name, spec in devices.items()])
@@ -233,14 +313,20 @@ def measured_roofline_figure(devices: Mapping[str, tuple[float, float]],
                              measured: Mapping[str, tuple[float, float]]) -> go.Figure:
     """Roofs and ridge points of ``devices`` (``name -> (peak FLOP/s, bytes/s)``, as in
     :func:`roofline_figure`) with measured steps placed where they ran: ``measured`` maps a name to
-    ``(arithmetic intensity FLOP/byte, achieved FLOP/s)``. The gap between a point and the roof above it
-    is what that step left unused."""
+    ``(arithmetic intensity FLOP/byte, achieved FLOP/s)``. The gap between a point and the roof
+    above it is what that step left unused."""
     if not measured:
         raise ValueError("measured must name at least one (intensity, achieved FLOP/s) point")
     fig = _roofs(devices, [i for i, _ in measured.values()], min(f for _, f in measured.values()))
     for name, (intensity, flops) in measured.items():
-        fig.add_trace(_point_trace(name, intensity, flops,
-                                   f"{name}: I = %{{x:.3g}} FLOP/B, %{{y:.3g}} FLOP/s measured<extra></extra>"))
+        fig.add_trace(
+            _point_trace(
+                name,
+                intensity,
+                flops,
+                f"{name}: I = %{{x:.3g}} FLOP/B, %{{y:.3g}} FLOP/s measured<extra></extra>",
+            )
+        )
     return _roofline_layout(fig)
 
 
@@ -261,12 +347,14 @@ def _phase_costs(workloads: Workloads, batch: int) -> dict[str, roofline.PhaseCo
 
 def roofline_phase_figure(device: tuple[str, float, float], workloads: Workloads, *, batch: int,
                           intensity_range: tuple[float, float] | None = None) -> go.Figure:
-    """One device's roof with every workload's prefill (square) and decode (circle) point at ``batch``.
+    """One device's roof with every workload's prefill (square) and decode (circle) point at
+    ``batch``.
 
     ``device`` is ``(name, peak FLOP/s, bytes/s)``; ``workloads`` maps a model name to
-    ``(ModelShape, prompt_len, context_len)``. Costs come from :func:`servelab.metrics.roofline.prefill_cost`
-    and :func:`~servelab.metrics.roofline.decode_cost`. ``intensity_range`` fixes the x axis (FLOP/byte), so
-    the frames of a slider share one axis.
+    ``(ModelShape, prompt_len, context_len)``. Costs come from
+    :func:`servelab.metrics.roofline.prefill_cost` and
+    :func:`~servelab.metrics.roofline.decode_cost`. ``intensity_range`` fixes the x axis
+    (FLOP/byte), so the frames of a slider share one axis.
     """
     name, peak, bandwidth = device
     ridges = _check_devices({name: (peak, bandwidth)})
@@ -278,8 +366,14 @@ def roofline_phase_figure(device: tuple[str, float, float], workloads: Workloads
     y_span = (low * bandwidth / 2, peak * 2)
     fig.add_traces(_ridge_traces(ridges, y_span))
     for label, cost in costs.items():
-        fig.add_trace(_point_trace(label, cost.intensity, roofline.attainable_flops(cost.intensity, peak, bandwidth),
-                                   f"{label}, batch {batch}: I = %{{x:.3g}} FLOP/B<extra></extra>"))
+        fig.add_trace(
+            _point_trace(
+                label,
+                cost.intensity,
+                roofline.attainable_flops(cost.intensity, peak, bandwidth),
+                f"{label}, batch {batch}: I = %{{x:.3g}} FLOP/B<extra></extra>",
+            )
+        )
     fig.update_layout(title=f"batch size {batch}", xaxis_range=[np.log10(low), np.log10(high)],
                       yaxis_range=[np.log10(y_span[0]), np.log10(y_span[1])])
     return _roofline_layout(fig)
@@ -291,7 +385,9 @@ def roofline_batch_slider_figure(device: tuple[str, float, float], workloads: Wo
 
     The x axis spans every frame's points, so moving the slider moves the points, not the axes.
     """
-    if len(batches) < 2 or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
+    if len(batches) < 2 or any(
+        isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches
+    ):
         raise ValueError("batches must hold at least two ints >= 1")
     _, peak, bandwidth = device
     ridge = roofline.ridge_point(peak, bandwidth)
@@ -302,8 +398,12 @@ def roofline_batch_slider_figure(device: tuple[str, float, float], workloads: Wo
         list(batches), label="batch size")
 
 
-def latency_percentile_figure(samples: Mapping[str, Sequence[float]],
-                              quantiles: Sequence[float] = (50, 90, 99), *, unit: str = "ms") -> go.Figure:
+def latency_percentile_figure(
+    samples: Mapping[str, Sequence[float]],
+    quantiles: Sequence[float] = (50, 90, 99),
+    *,
+    unit: str = "ms",
+) -> go.Figure:
     """Grouped bars: the same quantiles of several latency samples (seconds in, ``unit`` shown).
 
     Each bar's hover gives the sample size that :func:`servelab.metrics.latency.percentile` reports.
@@ -314,9 +414,15 @@ def latency_percentile_figure(samples: Mapping[str, Sequence[float]],
     fig = go.Figure()
     for name, values in samples.items():
         stats = [m.percentile(list(values), q) for q in quantiles]
-        fig.add_trace(go.Bar(x=[f"p{q:g}" for q in quantiles], y=[s.value * k for s in stats], name=name,
-                             customdata=[s.n for s in stats],
-                             hovertemplate="%{x}: %{y:.1f} " + unit + " (n = %{customdata})<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=[f"p{q:g}" for q in quantiles],
+                y=[s.value * k for s in stats],
+                name=name,
+                customdata=[s.n for s in stats],
+                hovertemplate="%{x}: %{y:.1f} " + unit + " (n = %{customdata})<extra></extra>",
+            )
+        )
     fig.update_layout(barmode="group", yaxis_title=f"latency ({unit}, log scale)", yaxis_type="log",
                       legend_orientation="h", legend_y=-0.2)
     return fig

@@ -1,9 +1,10 @@
 """The model card: the tiny model's loss curves and its architecture and training facts.
 
 What is drawn comes from the ``training.json`` record that ``python -m servelab.model.train`` writes
-next to a checkpoint (:func:`servelab.model.default_model_dir`, :func:`servelab.model.draft_model_dir`);
-this module only arranges it. A *card* is that record parsed as a dict. Losses are mean next-token
-cross-entropies in nats per token, steps count optimizer updates.
+next to a checkpoint (:func:`servelab.model.default_model_dir`,
+:func:`servelab.model.draft_model_dir`); this module only arranges it. A *card* is that record
+parsed as a dict. Losses are mean next-token cross-entropies in nats per token, steps count
+optimizer updates.
 
 :func:`loss_curve_figure` returns a ``plotly.graph_objects.Figure`` (pass it to
 ``servelab.viz.show``); :func:`model_card_table` returns a :class:`servelab.viz.core.Table`.
@@ -37,7 +38,10 @@ def _check_cards(cards: Mapping[str, Mapping[str, Any]]) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"model names must be non-empty strings, got {name!r}")
         if not isinstance(card, Mapping):
-            raise TypeError(f"card {name!r} must be a mapping (a parsed training.json), got {type(card).__name__}")
+            raise TypeError(
+                f"card {name!r} must be a mapping (a parsed training.json), got "
+                f"{type(card).__name__}"
+            )
         missing = [k for k in CARD_KEYS if k not in card]
         if missing:
             raise ValueError(f"card {name!r} lacks keys: {', '.join(missing)}")
@@ -58,12 +62,14 @@ def card_curve(card: Mapping[str, Any], which: str) -> tuple[list[int], list[flo
     return [s for s, _ in points], [v for _, v in points]
 
 
-def loss_curve_figure(cards: Mapping[str, Mapping[str, Any]], *, title: str | None = None) -> go.Figure:
+def loss_curve_figure(
+    cards: Mapping[str, Mapping[str, Any]], *, title: str | None = None
+) -> go.Figure:
     """Train and validation loss (nats/token) against optimizer step, two traces per model.
 
-    ``cards`` maps a model's display name to its parsed ``training.json``. Validation is a solid line,
-    training a dashed one in the same colour. A dotted line marks ln(vocabulary size), the loss of a
-    uniform guess over the vocabulary: where an untrained model starts.
+    ``cards`` maps a model's display name to its parsed ``training.json``. Validation is a solid
+    line, training a dashed one in the same colour. A dotted line marks ln(vocabulary size), the
+    loss of a uniform guess over the vocabulary: where an untrained model starts.
     """
     _check_cards(cards)
     fig = go.Figure()
@@ -77,10 +83,16 @@ def loss_curve_figure(cards: Mapping[str, Mapping[str, Any]], *, title: str | No
                 hovertemplate=f"step %{{x}}: %{{y:.3f}} nats/token<extra>{name} {label}</extra>"))
     last_step = max(max(int(p["step"]) for p in c["curve"]) for c in cards.values())
     for vocab in sorted({int(c["model_config"]["vocab_size"]) for c in cards.values()}):
-        fig.add_trace(go.Scatter(
-            x=[0, last_step], y=[math.log(vocab)] * 2, mode="lines", name=f"uniform over {vocab:,} tokens",
-            line={"color": UNIFORM_COLOR, "dash": "dot"},
-            hovertemplate=f"ln {vocab} = %{{y:.3f}} nats/token<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=[0, last_step],
+                y=[math.log(vocab)] * 2,
+                mode="lines",
+                name=f"uniform over {vocab:,} tokens",
+                line={"color": UNIFORM_COLOR, "dash": "dot"},
+                hovertemplate=f"ln {vocab} = %{{y:.3f}} nats/token<extra></extra>",
+            )
+        )
     fig.update_layout(
         height=420, title=title or "Loss while training (lower is better)",
         xaxis_title="optimizer step", yaxis_title="loss (nats/token)",
@@ -90,13 +102,19 @@ def loss_curve_figure(cards: Mapping[str, Mapping[str, Any]], *, title: str | No
 
 def _hardware_line(hardware: Mapping[str, Any]) -> str:
     """The ``hardware`` record as one line: the free-text note, then threads and torch version."""
-    parts = [f"{hardware.get('torch_threads', '?')} torch threads on {hardware.get('cpu_count', '?')} CPUs",
-             f"torch {hardware.get('torch_version', '?')}", f"device {hardware.get('device', '?')}"]
+    parts = [
+        f"{hardware.get('torch_threads', '?')} torch threads on "
+        f"{hardware.get('cpu_count', '?')} CPUs",
+        f"torch {hardware.get('torch_version', '?')}",
+        f"device {hardware.get('device', '?')}",
+    ]
     note = str(hardware.get("note") or "").strip()
     return (f"{note} ({', '.join(parts)})" if note else ", ".join(parts))
 
 
-def model_card_table(cards: Mapping[str, Mapping[str, Any]], *, caption: str | None = None) -> Table:
+def model_card_table(
+    cards: Mapping[str, Mapping[str, Any]], *, caption: str | None = None
+) -> Table:
     """One row per architecture or training fact, one column per model (units in the row labels).
 
     Every cell is read from the card; bits per character is the card's own figure

@@ -82,7 +82,8 @@ _BYTES = _byte_alphabet()
 
 
 def _piece_label(piece: str) -> str:
-    """A vocabulary entry as a reader should see it: its text, or ``\\xNN`` for bytes that are not text."""
+    """A vocabulary entry as a reader should see it: its text, or ``\\xNN`` for bytes that are not
+    text."""
     if not all(ch in _BYTES for ch in piece):
         return piece  # a special token such as <|endoftext|>, shown by name
     text = bytes(_BYTES[ch] for ch in piece).decode("utf-8", errors="backslashreplace")
@@ -93,8 +94,8 @@ def vocab_labels(tokenizer) -> list[str]:
     """One readable label per token id of a byte-level BPE ``tokenizers.Tokenizer``.
 
     Whitespace is made visible (``␣``, ``↵``, ``⇥``), a token that holds part of a multi-byte
-    character shows its bytes (``\\xe2\\x80``) instead of the replacement character, and a special token
-    shows its name. Decoding a lone byte token would print "?"-like replacement characters.
+    character shows its bytes (``\\xe2\\x80``) instead of the replacement character, and a special
+    token shows its name. Decoding a lone byte token would print "?"-like replacement characters.
     """
     return [_piece_label(tokenizer.id_to_token(i)) for i in range(tokenizer.get_vocab_size())]
 
@@ -103,9 +104,9 @@ def vocab_labels(tokenizer) -> list[str]:
 class DistributionView:
     """One decode step under one :class:`~servelab.sampling.SamplingParams`.
 
-    ``before`` is the distribution the truncation filters received (after hard constraints, penalties
-    and temperature; at ``T = 0`` the plain softmax of the penalised logits). ``after`` is the
-    distribution the token is drawn from. ``support`` lists the ids ``after`` keeps, and
+    ``before`` is the distribution the truncation filters received (after hard constraints,
+    penalties and temperature; at ``T = 0`` the plain softmax of the penalised logits). ``after`` is
+    the distribution the token is drawn from. ``support`` lists the ids ``after`` keeps, and
     ``kept_mass`` is how much of ``before`` those ids carried.
     """
 
@@ -122,8 +123,12 @@ class DistributionView:
         return float(self.before[self.support].sum())
 
 
-def pipeline_view(logits: Sequence[float] | np.ndarray, params: smp.SamplingParams,
-                  prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> DistributionView:
+def pipeline_view(
+    logits: Sequence[float] | np.ndarray,
+    params: smp.SamplingParams,
+    prompt_ids: Sequence[int] = (),
+    output_ids: Sequence[int] = (),
+) -> DistributionView:
     """Run the course pipeline on ``logits`` and keep both ends of the truncation stage."""
     shaped = smp.apply_penalties(smp.apply_hard_constraints(logits, params, output_ids), params,
                                  prompt_ids, output_ids)
@@ -154,7 +159,9 @@ def _view_caption(view: DistributionView, labels: list[str], max_named: int = 8)
     """Two lines: "support: n tokens · mass kept 0.873", then the most probable of them, quoted
     (so "?" or "," reads as a token), most probable first."""
     kept = sorted(view.support, key=lambda i: (-view.after[i], i))
-    names = ", ".join(f"“{labels[i]}”" for i in kept[:max_named]) + (" …" if len(kept) > max_named else "")
+    names = ", ".join(f"“{labels[i]}”" for i in kept[:max_named]) + (
+        " …" if len(kept) > max_named else ""
+    )
     noun = "token" if len(kept) == 1 else "tokens"
     return f"support ({len(kept)} {noun}) · mass kept {view.kept_mass:.3f}<br>{{{names}}}"
 
@@ -178,9 +185,15 @@ def _headroom(views: Sequence[DistributionView], shown: np.ndarray) -> float:
 
 
 def _distribution_layout(fig: go.Figure, title: str, y_top: float) -> go.Figure:
-    fig.update_layout(title=title, barmode="group", yaxis_title="probability", yaxis_range=[0, y_top],
-                      xaxis_title="token", margin={"t": 90, "b": 40},
-                      legend={"x": 0.99, "y": 0.99, "xanchor": "right", "yanchor": "top"})
+    fig.update_layout(
+        title=title,
+        barmode="group",
+        yaxis_title="probability",
+        yaxis_range=[0, y_top],
+        xaxis_title="token",
+        margin={"t": 90, "b": 40},
+        legend={"x": 0.99, "y": 0.99, "xanchor": "right", "yanchor": "top"},
+    )
     return fig
 
 
@@ -202,7 +215,9 @@ def distribution_figure(logits: Sequence[float] | np.ndarray, labels: Sequence[s
     return _distribution_layout(fig, _view_caption(view, names), y_top or _headroom([view], shown))
 
 
-def _sweep_params(base: smp.SamplingParams, param: str, values: Sequence[float]) -> list[smp.SamplingParams]:
+def _sweep_params(
+    base: smp.SamplingParams, param: str, values: Sequence[float]
+) -> list[smp.SamplingParams]:
     if param not in SWEEPABLE:
         raise ValueError(f"param must be one of {SWEEPABLE}, got {param!r}")
     if isinstance(values, str) or not isinstance(values, Sequence) or len(values) < 2:
@@ -210,16 +225,24 @@ def _sweep_params(base: smp.SamplingParams, param: str, values: Sequence[float])
     return [dataclasses.replace(base, **{param: value}) for value in values]
 
 
-def distribution_slider_figure(logits: Sequence[float] | np.ndarray, labels: Sequence[str], *,
-                               param: str, values: Sequence[float],
-                               base: smp.SamplingParams | None = None, prompt_ids: Sequence[int] = (),
-                               output_ids: Sequence[int] = (), show_top: int | None = None,
-                               active: int = 0) -> go.Figure:
-    """A slider over one SamplingParams field; every frame is a :func:`distribution_figure` computed now.
+def distribution_slider_figure(
+    logits: Sequence[float] | np.ndarray,
+    labels: Sequence[str],
+    *,
+    param: str,
+    values: Sequence[float],
+    base: smp.SamplingParams | None = None,
+    prompt_ids: Sequence[int] = (),
+    output_ids: Sequence[int] = (),
+    show_top: int | None = None,
+    active: int = 0,
+) -> go.Figure:
+    """A slider over one SamplingParams field; every frame is a :func:`distribution_figure` computed
+    now.
 
     ``param`` names the field (see :data:`SWEEPABLE`), ``values`` its settings, ``base`` the other
-    fields (default: all filters off, ``T = 1``), ``active`` the index shown first. Each frame's title
-    states the exact support and the mass it keeps, so the static page needs no kernel.
+    fields (default: all filters off, ``T = 1``), ``active`` the index shown first. Each frame's
+    title states the exact support and the mass it keeps, so the static page needs no kernel.
     """
     base = base or smp.SamplingParams()
     settings = dict(zip(values, _sweep_params(base, param, values)))
@@ -258,7 +281,8 @@ def logit_comparison_figure(labels: Sequence[str], series: Mapping[str, Sequence
                             highlight: Sequence[int] = ()) -> go.Figure:
     """Grouped bars of several logit vectors over the same tokens (e.g. before and after a penalty).
 
-    ``highlight`` lists token ids to mark with ``*`` in the axis labels (e.g. the tokens already seen).
+    ``highlight`` lists token ids to mark with ``*`` in the axis labels (e.g. the tokens already
+    seen).
     """
     if not series:
         raise ValueError("series must hold at least one named logit vector")
@@ -269,7 +293,9 @@ def logit_comparison_figure(labels: Sequence[str], series: Mapping[str, Sequence
     for name, values in series.items():
         y = np.asarray(values, dtype=float)
         if y.shape != (len(names),):
-            raise ValueError(f"series {name!r} must have one value per label ({len(names)}), got {y.shape}")
+            raise ValueError(
+                f"series {name!r} must have one value per label ({len(names)}), got {y.shape}"
+            )
         fig.add_trace(go.Bar(x=x, y=y, name=name))
     fig.update_layout(barmode="group", yaxis_title="logit", xaxis_title="token (* = already seen)",
                       legend_orientation="h", legend_y=-0.25)
@@ -293,7 +319,8 @@ CONTROL_CHOICES: dict[str, tuple[float, ...]] = {
 
 
 STATIC_CONTROLS = ("top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
-"""The live controls that get a precomputed slider figure of their own besides temperature and top-p."""
+"""The live controls that get a precomputed slider figure of their own besides temperature and
+top-p."""
 
 
 def _static_choices(name: str, vocab_size: int) -> tuple[list[float], int]:
@@ -360,8 +387,8 @@ def generation_controls(generate: Callable[[smp.SamplingParams], str], *,
                         max_tokens: int = 40) -> ipywidgets.VBox:
     """The same sliders plus a seed and a button that prints ``generate(params)``.
 
-    ``generate`` is supplied by the caller (e.g. a decoding loop over the tiny model), so the control
-    works with any model. Returns an ``ipywidgets.VBox``; it needs a kernel, so tag its cell
+    ``generate`` is supplied by the caller (e.g. a decoding loop over the tiny model), so the
+    control works with any model. Returns an ``ipywidgets.VBox``; it needs a kernel, so tag its cell
     ``remove-output`` (text generation has no static twin).
     """
     import ipywidgets as w
@@ -369,8 +396,10 @@ def generation_controls(generate: Callable[[smp.SamplingParams], str], *,
     if not callable(generate):
         raise TypeError("generate must be callable: SamplingParams -> str")
     defaults = smp.SamplingParams()
-    sliders = {name: selection_slider(name, options, 0 if name == "top_k" else getattr(defaults, name))
-               for name, options in CONTROL_CHOICES.items()}
+    sliders = {
+        name: selection_slider(name, options, 0 if name == "top_k" else getattr(defaults, name))
+        for name, options in CONTROL_CHOICES.items()
+    }
     seed = w.IntText(0, description="seed")
     button = w.Button(description="generate")
     out = w.Output()

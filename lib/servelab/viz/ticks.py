@@ -2,10 +2,10 @@
 
 Plotly labels a log axis's minor ticks with their leading digit alone ("2 5 2 100"), which reads as
 a sequence that is not monotone. :func:`label_log_axes` rewrites every log axis of a figure spec
-(plotly's JSON, as :func:`servelab.viz.core.figure_html` emits it) that has no explicit ticks: labels
-at 1, 10, 100, ... when the data span at least two decades, else at 1-2-5 steps (still in full:
-"20", "50", "100"), and unlabeled minor ticks in between. The data range is read from every trace
-(and every slider frame) drawn on the axis.
+(plotly's JSON, as :func:`servelab.viz.core.figure_html` emits it) that has no explicit ticks:
+labels at 1, 10, 100, ... when the data span at least two decades, else at 1-2-5 steps (still in
+full: "20", "50", "100"), and unlabeled minor ticks in between. The data range is read from every
+trace (and every slider frame) drawn on the axis.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def tick_text(value: float) -> str:
 
 
 def log_ticks(low: float, high: float) -> list[float]:
-    """Tick values for a log axis over data in [low, high] (both > 0): decades when the data span two
-    or more of them, else the 1-2-5 steps around the data."""
+    """Tick values for a log axis over data in [low, high] (both > 0): decades when the data span
+    two or more of them, else the 1-2-5 steps around the data."""
     if not 0 < low <= high:
         raise ValueError(f"need 0 < low <= high, got {low}, {high}")
     first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
@@ -51,8 +51,16 @@ def log_ticks(low: float, high: float) -> list[float]:
 def _values(array: object) -> np.ndarray:
     """Numbers of a plotly data array: a list, or plotly's typed array {"dtype", "bdata"}."""
     if isinstance(array, dict) and "bdata" in array:
-        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"]).astype(float).ravel()
-    flat = np.asarray(array, dtype=object).ravel() if isinstance(array, (list, tuple)) else np.array([])
+        return (
+            np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"])
+            .astype(float)
+            .ravel()
+        )
+    flat = (
+        np.asarray(array, dtype=object).ravel()
+        if isinstance(array, (list, tuple))
+        else np.array([])
+    )
     numbers = [float(v) for v in flat if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return np.array(numbers, dtype=float)
 
@@ -73,8 +81,9 @@ def _axis_range(spec: dict, letter: str, suffix: str) -> tuple[float, float] | N
 
 
 def label_log_axes(spec: dict) -> dict:
-    """``spec`` (plotly JSON: data, layout, frames) with every log axis labelled by :func:`log_ticks`;
-    an axis that sets its own ticks (``tickvals`` or ``dtick``) or has no positive data is left alone."""
+    """``spec`` (plotly JSON: data, layout, frames) with every log axis labelled by
+    :func:`log_ticks`; an axis that sets its own ticks (``tickvals`` or ``dtick``) or has no
+    positive data is left alone."""
     layout = spec.get("layout", {})
     for key, axis in layout.items():
         match = AXIS_KEY.match(key)

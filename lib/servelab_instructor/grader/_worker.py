@@ -1,35 +1,35 @@
 """The grading worker: runs one student's definitions and answers calls on them, as plain data.
 
 This file is self-contained on purpose (standard library, plus NumPy and torch when a value needs
-them): the grader runs its *text* with ``python -I -u -c`` in a fresh empty folder, so the worker never
-imports ``servelab`` and nothing of the course library, the checkers or the grade sheet is reachable
-from the student's code. The grader imports the same file as a module only for the wire format
-(:func:`encode`, :func:`decode`).
+them): the grader runs its *text* with ``python -I -u -c`` in a fresh empty folder, so the worker
+never imports ``servelab`` and nothing of the course library, the checkers or the grade sheet is
+reachable from the student's code. The grader imports the same file as a module only for the wire
+format (:func:`encode`, :func:`decode`).
 
 Protocol: one JSON object per line on the file descriptors given as ``argv[1]`` (requests in) and
-``argv[2]`` (replies out), then the output and memory limits in bytes, the uid to drop to (-1: keep),
-the process limit (0: none) and the scratch folder; stdout and stderr belong to the student. Requests:
+``argv[2]`` (replies out), then the output and memory limits in bytes, the uid to drop to (-1:
+keep), the process limit (0: none) and the scratch folder; stdout and stderr belong to the student.
+Requests:
 
-* ``{"op": "load", "statements": [source, ...], "allowed": {module: [names]}}`` -- run the notebook's
-  extracted statements; reply ``{"kinds": {name: "class" | "function" | "value"}, "errors": [...],
-  "refused": [...]}``;
+* ``{"op": "load", "statements": [source, ...], "allowed": {module: [names]}}`` -- run the
+  notebook's extracted statements; reply ``{"kinds": {name: "class" | "function" | "value"},
+  "errors": [...], "refused": [...]}``;
 * ``{"op": "call", "target": name | handle, "method": name | null, "args": [...], "limit": s}`` --
   call a defined function, a class (gives a handle) or a handle's method;
 * ``{"op": "getattr", "target": handle, "name": attribute, "limit": s}``.
 
-A call replies ``{"value": ...}`` or ``{"error": [type, message]}``, with ``"refused"`` (the servelab
-imports refused during the call) and ``"timed_out"``. Per call, ``limit`` seconds of wall clock
-(``SIGALRM``) and of CPU (``RLIMIT_CPU``'s ``SIGXCPU``) apply; the grader kills a worker that
-still does not answer; output goes to a file
-of capped size (``RLIMIT_FSIZE``) that is emptied before each call; ``RLIMIT_AS`` caps the worker's memory,
-``RLIMIT_NPROC`` its processes.
+A call replies ``{"value": ...}`` or ``{"error": [type, message]}``, with ``"refused"`` (the
+servelab imports refused during the call) and ``"timed_out"``. Per call, ``limit`` seconds of wall
+clock (``SIGALRM``) and of CPU (``RLIMIT_CPU``'s ``SIGXCPU``) apply; the grader kills a worker that
+still does not answer; output goes to a file of capped size (``RLIMIT_FSIZE``) that is emptied
+before each call; ``RLIMIT_AS`` caps the worker's memory, ``RLIMIT_NPROC`` its processes.
 
 While student code runs, an audit hook (:class:`_Sentry`) refuses what a definition or a call has no
-business doing -- starting a process, signalling another process, opening a socket, writing or deleting
-outside the scratch folder, opening a file descriptor it was not given, loading a C library from outside
-the interpreter's folders -- and each reply names what was refused (``"denied"``); the grader scores
-the exercise 0 for it. The hook is a reporter, not the wall: Python code can get around an audit hook
-(through ``ctypes``), so the grader runs this worker inside an OS sandbox
+business doing -- starting a process, signalling another process, opening a socket, writing or
+deleting outside the scratch folder, opening a file descriptor it was not given, loading a C library
+from outside the interpreter's folders -- and each reply names what was refused (``"denied"``); the
+grader scores the exercise 0 for it. The hook is a reporter, not the wall: Python code can get
+around an audit hook (through ``ctypes``), so the grader runs this worker inside an OS sandbox
 (:mod:`servelab_instructor.grader.isolation`) that holds whatever the hook misses.
 """
 
@@ -50,7 +50,8 @@ __all__ = ["RequestTiming", "decode", "encode"]
 
 _LOOSE_TYPES = (bool, int, float, str, type(None))
 _GUARDED = ("servelab", "servelab_instructor")
-"""The top-level packages graded code may not import: the course library and its reference solutions."""
+"""The top-level packages graded code may not import: the course library and its reference
+solutions."""
 
 
 class _TimedOut(BaseException):
@@ -58,13 +59,14 @@ class _TimedOut(BaseException):
 
 
 class RefusedImport(ImportError):
-    """Graded code imported a ``servelab`` (or ``servelab_instructor``) module or name its exercise does
-    not allow."""
+    """Graded code imported a ``servelab`` (or ``servelab_instructor``) module or name its exercise
+    does not allow."""
 
 
 @dataclass(frozen=True)
 class RequestTiming:
-    """A stand-in for ``servelab.metrics.latency.RequestTiming``: the same fields and properties, seconds."""
+    """A stand-in for ``servelab.metrics.latency.RequestTiming``: the same fields and properties,
+    seconds."""
 
     arrival: float
     first_scheduled: float
@@ -113,20 +115,34 @@ def encode(value: object, depth: int = 0) -> object:
     if isinstance(value, tuple):
         return {"$": "tuple", "items": [encode(v, depth + 1) for v in value]}
     if isinstance(value, dict):
-        return {"$": "dict", "items": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+        return {
+            "$": "dict",
+            "items": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()],
+        }
     kind = type(value).__module__.split(".")[0], type(value).__name__
     if kind == ("numpy", "ndarray"):
-        return {"$": "ndarray", "dtype": str(value.dtype), "shape": list(value.shape), "data": value.ravel().tolist()}
+        return {
+            "$": "ndarray",
+            "dtype": str(value.dtype),
+            "shape": list(value.shape),
+            "data": value.ravel().tolist(),
+        }
     if kind[0] == "numpy" and hasattr(value, "item"):
         return value.item()
     if kind == ("torch", "Tensor"):
         flat = value.detach().cpu().reshape(-1)
-        return {"$": "tensor", "dtype": str(flat.dtype).removeprefix("torch."), "shape": list(value.shape),
-                "data": flat.tolist()}
+        return {
+            "$": "tensor",
+            "dtype": str(flat.dtype).removeprefix("torch."),
+            "shape": list(value.shape),
+            "data": flat.tolist(),
+        }
     if kind[1] == "RequestTiming":
         return {"$": "timing", **{f: encode(getattr(value, f), depth + 1) for f in _TIMING_FIELDS}}
-    raise TypeError(f"a {type(value).__name__} is not plain data (numbers, strings, lists, tuples, dicts, "
-                    "NumPy arrays, torch tensors)")
+    raise TypeError(
+        f"a {type(value).__name__} is not plain data (numbers, strings, lists, tuples, dicts, "
+        "NumPy arrays, torch tensors)"
+    )
 
 
 def decode(data: object, timing: type = RequestTiming) -> object:
@@ -145,7 +161,10 @@ def decode(data: object, timing: type = RequestTiming) -> object:
         return np.array(data["data"], dtype=data["dtype"]).reshape(data["shape"])
     if tag == "tensor":
         import torch
-        return torch.tensor(data["data"], dtype=getattr(torch, data["dtype"])).reshape(data["shape"])
+
+        return torch.tensor(data["data"], dtype=getattr(torch, data["dtype"])).reshape(
+            data["shape"]
+        )
     if tag == "timing":
         return timing(**{f: decode(data[f], timing) for f in _TIMING_FIELDS})
     if tag == "handle":
@@ -170,11 +189,14 @@ class _Guard(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
         if fullname.split(".")[0] in _GUARDED and fullname not in sys.modules:
             self.refused.append(fullname)
-            raise RefusedImport(f"import of {fullname} refused: graded code may not use the course library")
+            raise RefusedImport(
+                f"import of {fullname} refused: graded code may not use the course library"
+            )
         return None
 
     def importer(self, original: object) -> object:
-        """A wrapper of ``__import__`` that names the whole module an ``import`` statement asked for."""
+        """A wrapper of ``__import__`` that names the whole module an ``import`` statement asked
+        for."""
         def guarded(name: str, globals: object = None, locals: object = None, fromlist: object = (),
                     level: int = 0) -> object:
             if level == 0 and name.split(".")[0] in _GUARDED:
@@ -182,8 +204,10 @@ class _Guard(importlib.abc.MetaPathFinder):
                     [f"{name}.{n}" for n in fromlist or () if n not in self.allowed[name]]
                 if wanted:
                     self.refused += wanted
-                    raise RefusedImport(f"import of {', '.join(wanted)} refused: graded code may not use "
-                                        "the course library")
+                    raise RefusedImport(
+                        f"import of {', '.join(wanted)} refused: graded code may not use "
+                        "the course library"
+                    )
             return original(name, globals, locals, fromlist, level)
         return guarded
 
@@ -191,7 +215,8 @@ class _Guard(importlib.abc.MetaPathFinder):
 def _install_guard(allowed: dict[str, list[str]]) -> _Guard:
     """Put the guard first on ``sys.meta_path`` and the allowed stand-in modules in ``sys.modules``.
 
-    A stand-in module holds only its allowed names; asking it for any other name is a refused import.
+    A stand-in module holds only its allowed names; asking it for any other name is a refused
+    import.
     """
     guard = _Guard(allowed)
     stand_ins = {"RequestTiming": RequestTiming}
@@ -205,7 +230,9 @@ def _install_guard(allowed: dict[str, list[str]]) -> _Guard:
                 sys.modules[name].__getattr__ = _refuser(guard, name)
         for name in names:
             setattr(sys.modules[module], name, stand_ins[name])
-    sys.path[:] = [p for p in sys.path if not any(os.path.isdir(os.path.join(p or ".", g)) for g in _GUARDED)]
+    sys.path[:] = [
+        p for p in sys.path if not any(os.path.isdir(os.path.join(p or ".", g)) for g in _GUARDED)
+    ]
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__name__.lower()]
     sys.meta_path.insert(0, guard)
     builtins.__import__ = guard.importer(builtins.__import__)
@@ -217,30 +244,55 @@ def _refuser(guard: _Guard, module: str) -> object:
         if name.startswith("__"):
             raise AttributeError(name)
         guard.refused.append(f"{module}.{name}")
-        raise RefusedImport(f"import of {module}.{name} refused: graded code may not use the course library")
+        raise RefusedImport(
+            f"import of {module}.{name} refused: graded code may not use the course library"
+        )
     return refuse
 
 
 class RefusedOperation(PermissionError):
-    """Graded code tried something the sandbox refuses (a process, a signal, a socket, a file outside)."""
+    """Graded code tried something the sandbox refuses (a process, a signal, a socket, a file
+    outside)."""
 
 
 _PROCESS_EVENTS = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
                    "subprocess.Popen", "pty.spawn")
 _SIGNAL_EVENTS = ("os.kill", "os.killpg", "signal.pthread_kill")
-_NETWORK_EVENTS = ("socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo")
-_PATH_EVENTS = ("os.remove", "os.rmdir", "os.rename", "os.truncate", "os.chmod", "os.chown", "os.mkdir",
-                "os.link", "os.symlink", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile")
+_NETWORK_EVENTS = (
+    "socket.__new__",
+    "socket.connect",
+    "socket.bind",
+    "socket.sendto",
+    "socket.getaddrinfo",
+)
+_PATH_EVENTS = (
+    "os.remove",
+    "os.rmdir",
+    "os.rename",
+    "os.truncate",
+    "os.chmod",
+    "os.chown",
+    "os.mkdir",
+    "os.link",
+    "os.symlink",
+    "os.utime",
+    "shutil.rmtree",
+    "shutil.move",
+    "shutil.copyfile",
+)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
 class _Sentry:
-    """The audit hook: once ``active`` (before the first statement runs, for the worker's whole life, so
-    threads a submission starts are watched too), refuses and records what graded code may not do."""
+    """The audit hook: once ``active`` (before the first statement runs, for the worker's whole
+    life, so threads a submission starts are watched too), refuses and records what graded code may
+    not do."""
 
     def __init__(self, scratch: str) -> None:
         self.scratch, self.denied, self.active = os.path.realpath(scratch), [], False
-        self.libraries = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, "/usr/lib")})
+        self.libraries = tuple(
+            {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, "/usr/lib")}
+        )
 
     def __call__(self, event: str, args: tuple) -> None:
         if not self.active:
@@ -260,7 +312,11 @@ class _Sentry:
             full = os.path.realpath(os.fsdecode(path))
         except (TypeError, ValueError):
             return True
-        return full != self.scratch and not full.startswith(self.scratch + os.sep) and full != os.devnull
+        return (
+            full != self.scratch
+            and not full.startswith(self.scratch + os.sep)
+            and full != os.devnull
+        )
 
     def reason(self, event: str, args: tuple) -> str | None:
         if event in _PROCESS_EVENTS:
@@ -269,12 +325,17 @@ class _Sentry:
             return f"sending signal {args[-1]} to process {args[0]} ({event})"
         if event in _NETWORK_EVENTS:
             return f"network access ({event})"
-        if event in _PATH_EVENTS and any(self.outside(a) for a in args[:2] if isinstance(a, (str, bytes))):
+        if event in _PATH_EVENTS and any(
+            self.outside(a) for a in args[:2] if isinstance(a, (str, bytes))
+        ):
             return f"changing {args[0]!s} outside the scratch folder ({event})"
         if event == "open":
             return self._open_reason(*args[:3])
-        if event == "ctypes.dlopen" and not (isinstance(args[0], str) and os.path.isabs(args[0])
-                                             and os.path.realpath(args[0]).startswith(self.libraries)):
+        if event == "ctypes.dlopen" and not (
+            isinstance(args[0], str)
+            and os.path.isabs(args[0])
+            and os.path.realpath(args[0]).startswith(self.libraries)
+        ):
             return f"loading the C library {args[0]!r} (ctypes)"
         return None
 
@@ -285,8 +346,12 @@ class _Sentry:
             return None if path in (0, 1, 2) else f"opening file descriptor {path}"
         text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
         parts = text.split("/")
-        if text.startswith("/proc/") and len(parts) > 2 and parts[2] not in ("self", "thread-self", str(os.getpid())) \
-                and parts[2].isdigit():
+        if (
+            text.startswith("/proc/")
+            and len(parts) > 2
+            and parts[2] not in ("self", "thread-self", str(os.getpid()))
+            and parts[2].isdigit()
+        ):
             return f"reading another process's {text}"
         if writing and self.outside(text):
             return f"writing {text} outside the scratch folder"
@@ -312,15 +377,24 @@ class _Session:
         errors = []
         for index, source in enumerate(request["statements"]):
             try:
-                self._limited(request["limit"], exec, compile(source, f"<cell statement {index}>", "exec"),
-                              self.namespace)
+                self._limited(
+                    request["limit"],
+                    exec,
+                    compile(source, f"<cell statement {index}>", "exec"),
+                    self.namespace,
+                )
             except _TimedOut:
                 errors.append(f"statement {index} timed out")
             except Exception as exc:  # a statement that raises does not stop the others
                 errors.append(f"statement {index} raised {type(exc).__name__}: {exc}")
         kinds = {name: "class" if isinstance(v, type) else "function" if callable(v) else "value"
                  for name, v in self.namespace.items() if not name.startswith("__")}
-        return {"kinds": kinds, "errors": errors, "refused": self._take_refused(), "denied": self._take_denied()}
+        return {
+            "kinds": kinds,
+            "errors": errors,
+            "refused": self._take_refused(),
+            "denied": self._take_denied(),
+        }
 
     def _take_refused(self) -> list[str]:
         refused, self.guard.refused = list(dict.fromkeys(self.guard.refused)), []
@@ -341,7 +415,9 @@ class _Session:
             return fn(*args)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            resource.setrlimit(
+                resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+            )
 
     def _target(self, request: dict) -> object:
         target = request["target"]
@@ -353,7 +429,9 @@ class _Session:
     def call(self, request: dict) -> dict:
         try:
             if request["op"] == "getattr":
-                value = self._limited(request["limit"], getattr, self._target(request), request["name"])
+                value = self._limited(
+                    request["limit"], getattr, self._target(request), request["name"]
+                )
                 if callable(value):
                     return self._reply({"value": {"$": "method"}})
             else:
@@ -365,10 +443,14 @@ class _Session:
                     return self._reply({"value": {"$": "handle", "id": len(self.objects) - 1}})
             return self._reply({"value": encode(value)})
         except _TimedOut:
-            return self._reply({"error": ["TimeoutError", "the call ran past its time limit"], "timed_out": True})
+            return self._reply(
+                {"error": ["TimeoutError", "the call ran past its time limit"], "timed_out": True}
+            )
         except OSError as exc:
             if exc.errno == 27:  # EFBIG: the output file reached RLIMIT_FSIZE
-                return self._reply({"error": ["OutputLimit", "the code printed more than the output limit"]})
+                return self._reply(
+                    {"error": ["OutputLimit", "the code printed more than the output limit"]}
+                )
             return self._reply({"error": [type(exc).__name__, str(exc)]})
         except Exception as exc:
             return self._reply({"error": [type(exc).__name__, str(exc)]})
@@ -388,8 +470,8 @@ def _cap_memory(limit: int) -> None:
 
 
 def _drop_privileges(uid: int, process_limit: int) -> None:
-    """Cap the processes (``RLIMIT_NPROC``) and, when ``uid >= 0``, become that uid and group with no
-    supplementary groups (as root this also clears every capability)."""
+    """Cap the processes (``RLIMIT_NPROC``) and, when ``uid >= 0``, become that uid and group with
+    no supplementary groups (as root this also clears every capability)."""
     if process_limit > 0:
         resource.setrlimit(resource.RLIMIT_NPROC, (process_limit, process_limit))
     if uid >= 0:
@@ -405,7 +487,8 @@ def _serve(requests_fd: int, replies_fd: int, output_limit: int, memory_limit: i
     signal.signal(signal.SIGALRM, _on_limit)
     signal.signal(signal.SIGXCPU, _on_limit)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    import ctypes  # noqa: F401  (loaded before the hook: NumPy imports it, and its import opens libpython)
+    # (loaded before the hook: NumPy imports it, and its import opens libpython)
+    import ctypes  # noqa: F401
     sys.dont_write_bytecode = True  # an import writes nothing outside the scratch folder
     sentry = _Sentry(scratch)
     sys.addaudithook(sentry)
@@ -418,8 +501,12 @@ def _serve(requests_fd: int, replies_fd: int, output_limit: int, memory_limit: i
             try:
                 reply = session.load(request) if request["op"] == "load" else session.call(request)
             except _TimedOut:
-                reply = {"error": ["TimeoutError", "the call ran past its time limit"], "timed_out": True,
-                         "refused": [], "denied": session._take_denied()}
+                reply = {
+                    "error": ["TimeoutError", "the call ran past its time limit"],
+                    "timed_out": True,
+                    "refused": [],
+                    "denied": session._take_denied(),
+                }
             replies.write(json.dumps({**reply, "id": request.get("id")}) + "\n")
             replies.flush()
 

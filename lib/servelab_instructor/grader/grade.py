@@ -7,19 +7,20 @@ exercise's checkers then run **here**, on the *hidden* cases generated from the 
 seed, calling the student's functions and classes through proxies: the inputs go to the worker and
 the student's answers come back as plain data, so the expected values, the checkers and the grade
 sheet never exist where the student's code runs. The hidden cases' expected values come from the
-instructor-only reference solutions (:func:`.expected.reference`): without them grading stops at once
-with a :class:`.expected.MissingReference` naming how to get them. A case's note names the rule's input and what the
-student returned (or the refused import, the time limit, the crash), never a hidden expected value.
+instructor-only reference solutions (:func:`.expected.reference`): without them grading stops at
+once with a :class:`.expected.MissingReference` naming how to get them. A case's note names the
+rule's input and what the student returned (or the refused import, the time limit, the crash), never
+a hidden expected value.
 
 For a folder (:func:`grade_submissions`): see :mod:`.submissions` for the names accepted; notebooks
 are graded ``jobs`` at a time, inside :func:`.reaper.reaping`, so every process a submission started
 is killed before the grade sheet is written (atomically, by :mod:`.lms`).
 
 System boundary: the worker runs inside the isolation :func:`.isolation.choose` finds (bubblewrap's
-namespaces, or a uid of its own), or nowhere: without either the grader refuses to start unless asked
-to run unprotected. Each submission is read once, before any student code runs (its bytes and the
-SHA-256 of every file under the folder); workers get the extracted statements through their pipe and
-never see the submissions folder. After grading the hashes are checked again and every file that
+namespaces, or a uid of its own), or nowhere: without either the grader refuses to start unless
+asked to run unprotected. Each submission is read once, before any student code runs (its bytes and
+the SHA-256 of every file under the folder); workers get the extracted statements through their pipe
+and never see the submissions folder. After grading the hashes are checked again and every file that
 changed is reported (:attr:`GradeRun.changed`). An exercise whose code tried something the sandbox
 refuses (a process, a signal, a socket, a file outside its scratch folder, the reply pipe) scores 0,
 with a note naming it.
@@ -42,7 +43,13 @@ from servelab_instructor.grader.isolation import Isolation, choose
 from servelab_instructor.grader.reaper import reaping, sweep
 from servelab.exercises.result import CheckResult, observing_cases
 from servelab_instructor.grader.sandbox import CaseLog, Limits, RemoteClass, RemoteFunction, Worker
-from servelab_instructor.grader.submissions import Skipped, Submission, changed_files, find_submissions, snapshot
+from servelab_instructor.grader.submissions import (
+    Skipped,
+    Submission,
+    changed_files,
+    find_submissions,
+    snapshot,
+)
 from servelab.prose import count
 
 __all__ = ["CaseGrade", "GradeRun", "Limits", "grade_notebook", "grade_submissions"]
@@ -67,7 +74,8 @@ class CaseGrade:
 @dataclass(frozen=True)
 class GradeRun:
     """Everything a batch produced: the rows (cases and totals), every file skipped with its reason,
-    every file under the folder that changed while grading (``"path: how"``), and the isolation used."""
+    every file under the folder that changed while grading (``"path: how"``), and the isolation
+    used."""
 
     rows: list[CaseGrade]
     skipped: list[Skipped]
@@ -126,7 +134,9 @@ def _note(log: CaseLog, detail: str, feedback: str = "") -> str:
 def _run_check(worker: Worker, check: object, names: tuple[str, ...], kinds: dict, seed: int,
                exercise: Exercise) -> list[CaseGrade]:
     """Run one checker here on proxies of the student's names; one row per case."""
-    proxies = [RemoteClass(worker, n) if kinds[n] == "class" else RemoteFunction(worker, n) for n in names]
+    proxies = [
+        RemoteClass(worker, n) if kinds[n] == "class" else RemoteFunction(worker, n) for n in names
+    ]
     logs: list[CaseLog] = []
 
     def start(rule: str) -> None:
@@ -142,8 +152,9 @@ def _run_check(worker: Worker, check: object, names: tuple[str, ...], kinds: dic
 
 
 def _refusal_zeroes(rows: list[CaseGrade], denied: list[str]) -> list[CaseGrade]:
-    """A case whose calls used a refused import scores 0, even if the student caught the ImportError;
-    when the sandbox refused anything (``denied``), every case of the exercise does, each note naming it."""
+    """A case whose calls used a refused import scores 0, even if the student caught the
+    ImportError; when the sandbox refused anything (``denied``), every case of the exercise does,
+    each note naming it."""
     if denied:
         refused = f"refused: {'; '.join(dict.fromkeys(denied))}"
         return [replace(r, points=0, note=r.note if r.note.startswith(refused) else
@@ -154,17 +165,20 @@ def _refusal_zeroes(rows: list[CaseGrade], denied: list[str]) -> list[CaseGrade]
 def grade_notebook(path: str | Path, student: str, seed: int, limits: Limits = Limits(),
                    lms_id: str = "", stem: str | None = None, isolation: Isolation | None = None,
                    content: bytes | None = None) -> list[CaseGrade]:
-    """Grade one notebook on the hidden cases of ``seed``: one row per case plus the exercise's TOTAL row.
+    """Grade one notebook on the hidden cases of ``seed``: one row per case plus the exercise's
+    TOTAL row.
 
-    ``stem`` names the exercise (default: the exercise stem found in the file name); ``content`` is the
-    notebook's bytes as read before grading began (default: read ``path`` now); ``isolation`` defaults
-    to :func:`.isolation.choose` (IsolationUnavailable when there is none).
+    ``stem`` names the exercise (default: the exercise stem found in the file name); ``content`` is
+    the notebook's bytes as read before grading began (default: read ``path`` now); ``isolation``
+    defaults to :func:`.isolation.choose` (IsolationUnavailable when there is none).
     """
     path = Path(path)
     require_int("seed", seed, 0)
     reference()  # MissingReference before any student code runs
     isolation = isolation or choose()
-    exercise = exercise_for(stem or next((s for s in EXERCISES if s in path.name), path.stem.split("__")[-1]))
+    exercise = exercise_for(
+        stem or next((s for s in EXERCISES if s in path.name), path.stem.split("__")[-1])
+    )
     names = tuple(n for _, ns in exercise.checks for n in ns)
     crash = ""
     try:
@@ -192,7 +206,9 @@ def grade_notebook(path: str | Path, student: str, seed: int, limits: Limits = L
     rows = [replace(r, student=student, path=str(path), lms_id=lms_id)
             for r in _refusal_zeroes(rows, worker.denied)]
     if worker.denied:
-        crash = "\n".join(filter(None, [f"refused: {'; '.join(dict.fromkeys(worker.denied))}", crash]))
+        crash = "\n".join(
+            filter(None, [f"refused: {'; '.join(dict.fromkeys(worker.denied))}", crash])
+        )
     total = CaseGrade(student, exercise.stem, "TOTAL", sum(r.points for r in rows),
                       sum(r.max_points for r in rows), crash, str(path), lms_id)
     return [*rows, total]
@@ -200,7 +216,8 @@ def grade_notebook(path: str | Path, student: str, seed: int, limits: Limits = L
 
 def grade_submissions(folder: str | Path, seed: int, limits: Limits = Limits(), jobs: int = 1,
                       isolation: Isolation | None = None) -> GradeRun:
-    """Grade every submission under ``folder``, ``jobs`` notebooks at a time; ValueError when there is none.
+    """Grade every submission under ``folder``, ``jobs`` notebooks at a time; ValueError when there
+    is none.
 
     Every file under ``folder`` is read and hashed before the first worker starts; the notebooks are
     graded from those bytes. Returns once every process any submission started is gone, with every
@@ -216,13 +233,25 @@ def grade_submissions(folder: str | Path, seed: int, limits: Limits = Limits(), 
     before_grading = snapshot(folder)
     with reaping() as before:
         def one(sub: Submission) -> list[CaseGrade]:
-            rows = grade_notebook(sub.path, sub.student, seed, limits, sub.lms_id, sub.stem, isolation,
-                                  before_grading.contents[sub.path])
+            rows = grade_notebook(
+                sub.path,
+                sub.student,
+                seed,
+                limits,
+                sub.lms_id,
+                sub.stem,
+                isolation,
+                before_grading.contents[sub.path],
+            )
             with sandbox.SPAWN_LOCK:
                 sweep(before | sandbox.LIVE)
             return rows
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             graded = list(pool.map(one, found))
-    return GradeRun([row for rows in graded for row in rows], skipped, changed_files(before_grading, folder),
-                    isolation.describe())
+    return GradeRun(
+        [row for rows in graded for row in rows],
+        skipped,
+        changed_files(before_grading, folder),
+        isolation.describe(),
+    )

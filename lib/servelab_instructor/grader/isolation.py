@@ -2,8 +2,8 @@
 
 Three levels, the first one available is used (:func:`choose`):
 
-* ``bubblewrap`` -- the worker runs under ``bwrap`` (Debian/Ubuntu package ``bubblewrap``) in new PID,
-  mount, network, IPC and UTS namespaces: it sees only read-only copies of the interpreter, the
+* ``bubblewrap`` -- the worker runs under ``bwrap`` (Debian/Ubuntu package ``bubblewrap``) in new
+  PID, mount, network, IPC and UTS namespaces: it sees only read-only copies of the interpreter, the
   virtual environment and the system libraries, a private size-capped tmpfs as its working folder,
   its own processes only (it cannot signal or even see the grader), and no network but an empty
   loopback. As root, the worker then drops to a uid of its own (no capabilities), so
@@ -11,14 +11,14 @@ Three levels, the first one available is used (:func:`choose`):
   counts that user's processes plus a margin.
 * ``separate uid`` -- where namespaces are refused (a container without ``CAP_SYS_ADMIN`` or without
   user namespaces) but the grader runs as root: the worker drops to a uid of its own in a private
-  folder. It cannot signal the grader or write the instructor's files, but it can read world-readable
-  files and open network connections.
+  folder. It cannot signal the grader or write the instructor's files, but it can read
+  world-readable files and open network connections.
 * ``none`` -- neither: the grader refuses to run student code (:class:`IsolationUnavailable`) unless
   the caller passes ``unsafe=True`` (``--unsafe`` on the command line), which prints the risk.
 
 System boundary: this module builds the worker's command line and picks its uid and limits; the
-worker itself (:mod:`servelab_instructor.grader._worker`) drops the uid, applies the limits and reports the
-operations it refuses.
+worker itself (:mod:`servelab_instructor.grader._worker`) drops the uid, applies the limits and
+reports the operations it refuses.
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ _UID_RANGE = 4000
 _NPROC = 128  # processes and threads a worker may run (as root: its own uid's; else a margin)
 _uids = itertools.count()
 _uid_lock = threading.Lock()
-RISK = ("student code would run as the grader's user, with its rights: it could kill or stop the "
-        "grader, read and rewrite other students' submissions and the grade sheet, and open network "
-        "connections")
+RISK = (
+    "student code would run as the grader's user, with its rights: it could kill or stop the "
+    "grader, read and rewrite other students' submissions and the grade sheet, and open network "
+    "connections"
+)
 
 
 class IsolationUnavailable(RuntimeError):
@@ -73,34 +75,59 @@ class Isolation:
             return _FIRST_UID + next(_uids) % _UID_RANGE
 
     def process_limit(self) -> int:
-        """RLIMIT_NPROC for a worker: its own uid's processes as root, else this user's now plus a margin."""
+        """RLIMIT_NPROC for a worker: its own uid's processes as root, else this user's now plus a
+        margin."""
         return _NPROC if self.as_root else _user_tasks() + _NPROC
 
     def command(self, argv: list[str], env: dict[str, str]) -> list[str]:
         """``argv`` wrapped for this isolation (unchanged without bubblewrap)."""
         if self.kind != BUBBLEWRAP:
             return argv
-        return [self.bwrap, *_namespaces(self.as_root), *_mounts(self.scratch_bytes), "--chdir", SCRATCH,
-                "--clearenv", *[a for k, v in env.items() for a in ("--setenv", k, v)], "--", *argv]
+        return [
+            self.bwrap,
+            *_namespaces(self.as_root),
+            *_mounts(self.scratch_bytes),
+            "--chdir",
+            SCRATCH,
+            "--clearenv",
+            *[a for k, v in env.items() for a in ("--setenv", k, v)],
+            "--",
+            *argv,
+        ]
 
     def describe(self) -> str:
         """One line for the instructor: what protects the grader from the submissions."""
         if self.kind == BUBBLEWRAP:
-            return ("isolation: bubblewrap (own PID, mount and network namespaces, read-only system, "
-                    f"{self.scratch_bytes >> 20} MiB scratch tmpfs"
-                    f"{', a uid of its own per worker' if self.as_root else ''})")
+            return (
+                "isolation: bubblewrap (own PID, mount and network namespaces, read-only system, "
+                f"{self.scratch_bytes >> 20} MiB scratch tmpfs"
+                f"{', a uid of its own per worker' if self.as_root else ''})"
+            )
         if self.kind == SEPARATE_UID:
             exposed = _readable_references()
-            return ("isolation: a separate uid per worker (bubblewrap unavailable: workers can read "
-                    "world-readable files and open network connections)"
-                    + (f"; WARNING: other users can read the reference solutions: chmod -R go-rwx {exposed}"
-                       if exposed else ""))
+            return (
+                "isolation: a separate uid per worker (bubblewrap unavailable: workers can read "
+                "world-readable files and open network connections)"
+                + (
+                    f"; WARNING: other users can read the reference solutions: chmod -R "
+                    f"go-rwx {exposed}"
+                    if exposed
+                    else ""
+                )
+            )
         return f"WARNING: no isolation (--unsafe): {RISK}"
 
 
 def _namespaces(as_root: bool) -> list[str]:
-    common = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-              "--die-with-parent", "--new-session"]
+    common = [
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+    ]
     if as_root:  # the worker drops to its own uid itself; these two capabilities let it
         return [*common, "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     return [*common, "--unshare-user", "--uid", "65534", "--gid", "65534"]
@@ -109,10 +136,14 @@ def _namespaces(as_root: bool) -> list[str]:
 def _read_only_roots() -> list[str]:
     """The folders the interpreter needs: the system's ``/usr``, the venv, the base installation."""
     roots = {"/usr", sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    roots |= {os.path.realpath(p) for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)}
+    roots |= {
+        os.path.realpath(p) for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)
+    }
     kept: list[str] = []
     for root in sorted(roots, key=len):
-        if os.path.isdir(root) and not any(root == k or root.startswith(k.rstrip("/") + "/") for k in kept):
+        if os.path.isdir(root) and not any(
+            root == k or root.startswith(k.rstrip("/") + "/") for k in kept
+        ):
             kept.append(root)
     return kept
 
@@ -170,8 +201,12 @@ def _bwrap_works(bwrap: str) -> bool:
     drop = f"import os; os.setgroups([]); os.setgid({_FIRST_UID}); os.setuid({_FIRST_UID})"
     code = drop if probe.as_root else "pass"
     try:
-        done = subprocess.run(probe.command([sys.executable, "-I", "-c", code], {"LANG": "C.UTF-8"}),
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        done = subprocess.run(
+            probe.command([sys.executable, "-I", "-c", code], {"LANG": "C.UTF-8"}),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
@@ -190,7 +225,8 @@ def _reachable_by_others() -> bool:
 def choose(unsafe: bool = False) -> Isolation:
     """The strongest isolation available here; IsolationUnavailable when none is and not ``unsafe``.
 
-    ``SERVELAB_GRADE_ISOLATION`` (``bubblewrap`` / ``uid``) forces a level (an error if unavailable).
+    ``SERVELAB_GRADE_ISOLATION`` (``bubblewrap`` / ``uid``) forces a level (an error if
+    unavailable).
     """
     forced = os.environ.get("SERVELAB_GRADE_ISOLATION", "").strip()
     if forced not in ("", "bubblewrap", "uid"):
@@ -198,7 +234,12 @@ def choose(unsafe: bool = False) -> Isolation:
     bwrap = shutil.which("bwrap")
     if forced != "uid" and bwrap and sys.platform.startswith("linux") and _bwrap_works(bwrap):
         return Isolation(BUBBLEWRAP, bwrap)
-    if forced != "bubblewrap" and hasattr(os, "geteuid") and os.geteuid() == 0 and _reachable_by_others():
+    if (
+        forced != "bubblewrap"
+        and hasattr(os, "geteuid")
+        and os.geteuid() == 0
+        and _reachable_by_others()
+    ):
         return Isolation(SEPARATE_UID)
     if forced:
         raise IsolationUnavailable(f"SERVELAB_GRADE_ISOLATION={forced} is not available here")
@@ -206,6 +247,8 @@ def choose(unsafe: bool = False) -> Isolation:
         return Isolation(NONE)
     raise IsolationUnavailable(
         "no isolation for student code: install bubblewrap (apt-get install bubblewrap) where user "
-        "namespaces are allowed, or grade as root with a Python other users can run (each worker then "
+        "namespaces are allowed, or grade as root with a Python other users can run (each "
+        "worker then "
         "gets a uid of its own). Without "
-        f"either, {RISK}. To grade anyway, on submissions you trust, pass --unsafe.")
+        f"either, {RISK}. To grade anyway, on submissions you trust, pass --unsafe."
+    )

@@ -30,8 +30,9 @@ def _prctl() -> object | None:
 
 def hide_process_state() -> bool:
     """Make this process non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``): its ``/proc`` environment and
-    memory are then unreadable to other processes of the same (non-root) user, so a submission cannot
-    read ``SERVELAB_GRADE_SEED`` there. Its command line stays readable. False where there is no prctl."""
+    memory are then unreadable to other processes of the same (non-root) user, so a submission
+    cannot read ``SERVELAB_GRADE_SEED`` there. Its command line stays readable. False where there is
+    no prctl."""
     prctl = _prctl()
     return prctl is not None and prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
@@ -57,7 +58,8 @@ def children() -> set[int]:
 
 
 def sweep(keep: set[int], rounds: int = 200) -> int:
-    """SIGKILL and reap every child not in ``keep`` until none is left; returns how many were killed."""
+    """SIGKILL and reap every child not in ``keep`` until none is left; returns how many were
+    killed."""
     killed = 0
     for _ in range(rounds):
         targets = children() - keep
@@ -80,7 +82,8 @@ def sweep(keep: set[int], rounds: int = 200) -> int:
 
 @contextmanager
 def reaping() -> Iterator[set[int]]:
-    """Be a child subreaper inside the block; yields the children that existed before (never killed)."""
+    """Be a child subreaper inside the block; yields the children that existed before (never
+    killed)."""
     prctl = _prctl()
     before = children()
     previous = ctypes.c_int(0)

@@ -1,20 +1,21 @@
 """The grader's side of the isolated worker: start it, load a submission, call it, kill it.
 
-:class:`Worker` starts :mod:`servelab_instructor.grader._worker`'s text with ``python -I -u -c`` in a fresh
-empty temporary folder, in a session of its own, with a minimal environment (no ``PYTHONPATH``, no
-grading seed, no path to the grade sheet). A submission's functions and classes are then reached
-through :class:`RemoteFunction` and :class:`RemoteClass`: a checker calls them exactly as it would
-call the student's code, the arguments travel as plain data and the student's answers come back as
-plain data, so the expected values stay in the grader's process. Every call is logged in the
-current :class:`CaseLog` (what went in, what came out) for the grade sheet's notes.
+:class:`Worker` starts :mod:`servelab_instructor.grader._worker`'s text with ``python -I -u -c`` in
+a fresh empty temporary folder, in a session of its own, with a minimal environment (no
+``PYTHONPATH``, no grading seed, no path to the grade sheet). A submission's functions and classes
+are then reached through :class:`RemoteFunction` and :class:`RemoteClass`: a checker calls them
+exactly as it would call the student's code, the arguments travel as plain data and the student's
+answers come back as plain data, so the expected values stay in the grader's process. Every call is
+logged in the current :class:`CaseLog` (what went in, what came out) for the grade sheet's notes.
 
 A call that runs past its case's time limit is stopped inside the worker (``SIGALRM``,
-``RLIMIT_CPU``); a worker that does not answer, or dies, is killed with its process group and started
-again with the same statements, so one endless function costs only its own cases.
+``RLIMIT_CPU``); a worker that does not answer, or dies, is killed with its process group and
+started again with the same statements, so one endless function costs only its own cases.
 
-The worker runs inside the :class:`.isolation.Isolation` the grader chose (bubblewrap, or a uid of its
-own). What the worker's audit hook refused, and a reply pipe carrying anything but replies (garbage,
-a flood, an answer out of turn), lands in :attr:`Worker.denied`; the grader then scores the exercise 0.
+The worker runs inside the :class:`.isolation.Isolation` the grader chose (bubblewrap, or a uid of
+its own). What the worker's audit hook refused, and a reply pipe carrying anything but replies
+(garbage, a flood, an answer out of turn), lands in :attr:`Worker.denied`; the grader then scores
+the exercise 0.
 """
 
 from __future__ import annotations
@@ -35,8 +36,17 @@ from pathlib import Path
 from servelab_instructor.grader._worker import decode, encode
 from servelab_instructor.grader.isolation import BUBBLEWRAP, NONE, SCRATCH, SEPARATE_UID, Isolation
 
-__all__ = ["LIVE", "SPAWN_LOCK", "CaseLog", "Limits", "RemoteClass", "RemoteFunction", "StudentError", "Worker",
-           "describe"]
+__all__ = [
+    "LIVE",
+    "SPAWN_LOCK",
+    "CaseLog",
+    "Limits",
+    "RemoteClass",
+    "RemoteFunction",
+    "StudentError",
+    "Worker",
+    "describe",
+]
 
 _SOURCE = (Path(__file__).with_name("_worker.py")).read_text(encoding="utf-8")
 _GRACE = 2.0  # seconds a worker may take past a call's limit before it is killed
@@ -49,8 +59,9 @@ LIVE: set[int] = set()  # process ids of the workers running now (the reaper lea
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-case limits: ``case_seconds`` of wall clock and CPU, ``memory_mib`` of address space for the
-    worker, ``output_kib`` printed per call; ``load_seconds`` for running the notebook's definitions."""
+    """Per-case limits: ``case_seconds`` of wall clock and CPU, ``memory_mib`` of address space for
+    the worker, ``output_kib`` printed per call; ``load_seconds`` for running the notebook's
+    definitions."""
 
     case_seconds: float = 10.0
     memory_mib: int = 4096
@@ -74,15 +85,23 @@ class CaseLog:
 
 
 def describe(value: object, width: int = 160) -> str:
-    """A short readable form of an argument or a returned value (arrays rounded, tensors by shape)."""
+    """A short readable form of an argument or a returned value (arrays rounded, tensors by
+    shape)."""
     kind = type(value).__module__.split(".")[0], type(value).__name__
     if kind == ("torch", "Tensor"):
         text = f"tensor{list(value.shape)}"
     elif kind == ("numpy", "ndarray"):
-        text = repr([round(float(v), 4) for v in value.ravel()] if value.ndim == 1 else value.round(4).tolist())
+        text = repr(
+            [round(float(v), 4) for v in value.ravel()]
+            if value.ndim == 1
+            else value.round(4).tolist()
+        )
     elif kind[1] == "RequestTiming":
-        text = (f"RequestTiming(arrival={value.arrival:g}, emit_times={[round(t, 4) for t in value.emit_times]}, "
-                f"finish={value.finish:g})")
+        text = (
+            f"RequestTiming(arrival={value.arrival:g}, "
+            f"emit_times={[round(t, 4) for t in value.emit_times]}, "
+            f"finish={value.finish:g})"
+        )
     elif isinstance(value, list) and any(type(v).__name__ == "RequestTiming" for v in value):
         text = "[" + ", ".join(describe(v, width) for v in value) + "]"
         width = 4 * width
@@ -92,11 +111,17 @@ def describe(value: object, width: int = 160) -> str:
 
 
 class Worker:
-    """One submission's worker process; ``load`` it once, then call its names through the proxies."""
+    """One submission's worker process; ``load`` it once, then call its names through the
+    proxies."""
 
     def __init__(self, statements: list[str], allowed: dict[str, list[str]], limits: Limits,
                  isolation: Isolation = Isolation(NONE)) -> None:
-        self.statements, self.allowed, self.limits, self.isolation = statements, allowed, limits, isolation
+        self.statements, self.allowed, self.limits, self.isolation = (
+            statements,
+            allowed,
+            limits,
+            isolation,
+        )
         self.log = CaseLog()
         self.denied: list[str] = []  # everything refused over the worker's life, restarts included
         self._sequence = 0
@@ -125,12 +150,29 @@ class Worker:
                   -1 if uid is None else uid, nproc)
         env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        argv = [sys.executable, "-I", "-u", "-c", _SOURCE, str(to_worker), str(to_grader), *map(str, limits), scratch]
+        argv = [
+            sys.executable,
+            "-I",
+            "-u",
+            "-c",
+            _SOURCE,
+            str(to_worker),
+            str(to_grader),
+            *map(str, limits),
+            scratch,
+        ]
         try:
             SPAWN_LOCK.acquire()
             self._process = subprocess.Popen(
-                self.isolation.command(argv, env), cwd=self._folder.name, env=env, stdin=subprocess.DEVNULL,
-                stdout=output, stderr=output, pass_fds=(to_worker, to_grader), start_new_session=True)
+                self.isolation.command(argv, env),
+                cwd=self._folder.name,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=output,
+                pass_fds=(to_worker, to_grader),
+                start_new_session=True,
+            )
             LIVE.add(self._process.pid)
         except BaseException:
             os.close(from_grader)
@@ -142,7 +184,11 @@ class Worker:
             os.close(to_worker)
             os.close(to_grader)
             os.close(output)
-        self._send, self._recv, self._buffer = os.fdopen(from_grader, "w", encoding="utf-8"), from_worker, b""
+        self._send, self._recv, self._buffer = (
+            os.fdopen(from_grader, "w", encoding="utf-8"),
+            from_worker,
+            b"",
+        )
         self.generation += 1
 
     def load(self) -> dict:
@@ -152,8 +198,15 @@ class Worker:
                                "limit": self.limits.load_seconds}, self.limits.load_seconds)
         if reply is None:
             self.close()
-            return {"kinds": {}, "errors": [f"the definitions did not finish within {self.limits.load_seconds:g} s "
-                                            "or killed the worker"], "refused": [], "denied": []}
+            return {
+                "kinds": {},
+                "errors": [
+                    f"the definitions did not finish within {self.limits.load_seconds:g} s "
+                    "or killed the worker"
+                ],
+                "refused": [],
+                "denied": [],
+            }
         self.denied += reply.get("denied", [])
         return reply
 
@@ -179,8 +232,9 @@ class Worker:
     # ----------------------------------------------------------------- requests
 
     def _request(self, request: dict, limit: float) -> dict | None:
-        """Send one request; the reply, or None when the worker died, did not answer in time, or wrote
-        something else than this request's reply on its pipe (then PIPE_ABUSE is in :attr:`denied`)."""
+        """Send one request; the reply, or None when the worker died, did not answer in time, or
+        wrote something else than this request's reply on its pipe (then PIPE_ABUSE is in
+        :attr:`denied`)."""
         self._sequence += 1
         try:
             self._send.write(json.dumps({**request, "id": self._sequence}) + "\n")
@@ -211,7 +265,8 @@ class Worker:
         return reply
 
     def _abused(self) -> None:
-        """The reply pipe carried something else than the worker's replies: kill the worker, note it."""
+        """The reply pipe carried something else than the worker's replies: kill the worker, note
+        it."""
         self.denied.append(PIPE_ABUSE)
         self.log.denied.append(PIPE_ABUSE)
         self.close()
@@ -222,7 +277,8 @@ class Worker:
         self.log, self.case_started = CaseLog(), time.monotonic()
 
     def call(self, request: dict, text: str) -> object:
-        """Run one call under what is left of the case's time; the decoded answer, or StudentError."""
+        """Run one call under what is left of the case's time; the decoded answer, or
+        StudentError."""
         if self._process is None and self.restarts < _MAX_RESTARTS:
             self.restarts += 1
             started = time.monotonic()
@@ -235,7 +291,9 @@ class Worker:
         abused = len(self.denied)
         reply = self._request({**request, "limit": left}, left)
         if reply is None and len(self.denied) > abused:
-            self.log.calls.append(f"{text}: the worker's reply pipe carried something else than its answer")
+            self.log.calls.append(
+                f"{text}: the worker's reply pipe carried something else than its answer"
+            )
             raise StudentError(PIPE_ABUSE)
         if reply is None:
             self.close()
@@ -243,7 +301,9 @@ class Worker:
                 self.log.calls.append(f"{text} {self._lost}")
                 raise StudentError(f"the call {self._lost}")
             self.log.timed_out = True
-            self.log.calls.append(f"{text} did not return (stopped after {self.limits.case_seconds:g} s)")
+            self.log.calls.append(
+                f"{text} did not return (stopped after {self.limits.case_seconds:g} s)"
+            )
             raise StudentError("the call did not return within the case's time limit")
         self.log.refused += reply.get("refused", [])
         self.log.denied += reply.get("denied", [])
@@ -255,7 +315,9 @@ class Worker:
             return value
         answer = decode(value)
         made = isinstance(value, dict) and value.get("$") == "handle"
-        self.log.calls.append(f"{text} made an object" if made else f"{text} returned {describe(answer)}")
+        self.log.calls.append(
+            f"{text} made an object" if made else f"{text} returned {describe(answer)}"
+        )
         if reply.get("refused"):
             raise StudentError(f"refused import: {', '.join(reply['refused'])}")
         return answer
@@ -281,7 +343,12 @@ class RemoteFunction:
         self.worker, self.name = worker, name
 
     def __call__(self, *args: object) -> object:
-        request = {"op": "call", "target": self.name, "method": None, "args": [encode(a) for a in args]}
+        request = {
+            "op": "call",
+            "target": self.name,
+            "method": None,
+            "args": [encode(a) for a in args],
+        }
         return self.worker.call(request, f"{self.name}({_args_text(args)})")
 
 
@@ -294,7 +361,8 @@ class RemoteClass(RemoteFunction):
 
 
 class _RemoteObject:
-    """An instance of a student's class living in the worker; attributes and methods are forwarded."""
+    """An instance of a student's class living in the worker; attributes and methods are
+    forwarded."""
 
     def __init__(self, worker: Worker, handle: object, label: str) -> None:
         self._worker, self._id, self._label = worker, getattr(handle, "id", None), label
@@ -318,5 +386,10 @@ class _RemoteObject:
 
     def _method(self, name: str, args: tuple) -> object:
         self._check_alive(name)
-        request = {"op": "call", "target": self._id, "method": name, "args": [encode(a) for a in args]}
+        request = {
+            "op": "call",
+            "target": self._id,
+            "method": name,
+            "args": [encode(a) for a in args],
+        }
         return self._worker.call(request, f"{name}({_args_text(args)})")

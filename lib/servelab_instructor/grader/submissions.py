@@ -1,4 +1,5 @@
-"""Find the exercise notebooks in a folder of submissions, whoever named them, and say what was skipped.
+"""Find the exercise notebooks in a folder of submissions, whoever named them, and say what was
+skipped.
 
 Accepted layouts (the student's name is the grade sheet's ``student`` column):
 
@@ -8,8 +9,9 @@ Accepted layouts (the student's name is the grade sheet's ``student`` column):
 * a Canvas bulk download's names ``NAME[_LATE]_USERID_SUBMISSIONID_FILE``:
   ``smithjohn_12345_67890_ex05-goodput.ipynb`` counts for ``smithjohn`` (id ``12345``).
 
-The exercise is the first exercise stem found in the file name (``ex05-goodput``, ``ex05-goodput-2``,
-``ex05-goodput (1)``), or else its number (``ex05…``). Every other file is skipped with its reason.
+The exercise is the first exercise stem found in the file name (``ex05-goodput``,
+``ex05-goodput-2``, ``ex05-goodput (1)``), or else its number (``ex05…``). Every other file is
+skipped with its reason.
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ from pathlib import Path
 
 from servelab.exercises.catalog import EXERCISES
 
-__all__ = ["Skipped", "Snapshot", "Submission", "changed_files", "exercise_in_name", "find_submissions",
-           "snapshot"]
+__all__ = [
+    "Skipped",
+    "Snapshot",
+    "Submission",
+    "changed_files",
+    "exercise_in_name",
+    "find_submissions",
+    "snapshot",
+]
 
 _CANVAS = re.compile(r"^(?P<student>[^_]+?)(?:_LATE)?_(?P<id>\d+)_(?P<sub>\d+)_(?P<file>.+)$")
 _MOODLE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_")
@@ -31,7 +40,8 @@ _NUMBER = re.compile(r"ex(\d{2})")
 
 @dataclass(frozen=True)
 class Submission:
-    """One notebook to grade: who, which exercise (its stem), where, and the LMS id when the name had one."""
+    """One notebook to grade: who, which exercise (its stem), where, and the LMS id when the name
+    had one."""
 
     student: str
     stem: str
@@ -48,7 +58,8 @@ class Skipped:
 
 
 def exercise_in_name(name: str) -> str | None:
-    """The exercise stem a file name holds (``ex05-goodput (1).ipynb``), else by number (``ex05…``), or None."""
+    """The exercise stem a file name holds (``ex05-goodput (1).ipynb``), else by number (``ex05…``),
+    or None."""
     lower = name.lower()
     for stem in EXERCISES:
         if stem in lower:
@@ -90,7 +101,8 @@ def _classify(path: Path, folder: Path) -> Submission | Skipped:
 
 
 def find_submissions(folder: str | Path) -> tuple[list[Submission], list[Skipped]]:
-    """Every gradable notebook under ``folder`` (sorted by student, exercise, path) and every skipped file."""
+    """Every gradable notebook under ``folder`` (sorted by student, exercise, path) and every
+    skipped file."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"submissions must be a folder, got {str(folder)!r}")
@@ -105,7 +117,8 @@ def find_submissions(folder: str | Path) -> tuple[list[Submission], list[Skipped
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Every file under a submissions folder as read before grading: notebook bytes and SHA-256 hashes."""
+    """Every file under a submissions folder as read before grading: notebook bytes and SHA-256
+    hashes."""
 
     contents: dict[Path, bytes]
     hashes: dict[Path, str]
@@ -128,7 +141,8 @@ def snapshot(folder: str | Path) -> Snapshot:
 
 
 def changed_files(before: Snapshot, folder: str | Path) -> list[str]:
-    """Each file under ``folder`` that differs from ``before``: ``"path: changed|deleted|added"``."""
+    """Each file under ``folder`` that differs from ``before``: ``"path:
+    changed|deleted|added"``."""
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in _files(Path(folder))}
     changed = [f"{p}: deleted" if p not in after else f"{p}: changed" for p in before.hashes
                if after.get(p) != before.hashes[p]]

@@ -29,17 +29,30 @@ def _csv(value: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m servelab_instructor.questions", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m servelab_instructor.questions", description=__doc__.split("\n")[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="write a student assignment and its answer key")
     pick = export.add_mutually_exclusive_group(required=True)
     pick.add_argument("--tiers", type=_csv, help="comma-separated tiers, e.g. L1,L2")
     pick.add_argument("--questions", type=_csv, help="comma-separated question ids, e.g. Q1,Q9,P3")
-    export.add_argument("--set", default="core", help="question set for --tiers: core, pipeline or all (default core)")
-    export.add_argument("--format", type=_csv, default=list(FORMATS), help="notebook and/or markdown (default both)")
-    export.add_argument("--out", required=True, help="folder of the student version (created if missing)")
-    export.add_argument("--key-out", help="folder of the answer key (default --out; a folder of its own keeps "
-                                          "the key out of what you hand out)")
+    export.add_argument(
+        "--set",
+        default="core",
+        help="question set for --tiers: core, pipeline or all (default core)",
+    )
+    export.add_argument(
+        "--format", type=_csv, default=list(FORMATS), help="notebook and/or markdown (default both)"
+    )
+    export.add_argument(
+        "--out", required=True, help="folder of the student version (created if missing)"
+    )
+    export.add_argument(
+        "--key-out",
+        help="folder of the answer key (default --out; a folder of its own keeps "
+        "the key out of what you hand out)",
+    )
     export.add_argument("--title", default="servelab interview questions", help="assignment title")
     return parser
 
@@ -52,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.questions is not None:
             questions = bank.select(ids=args.questions)
         else:
-            questions = bank.select(tiers=args.tiers, set_id=None if args.set == "all" else args.set)
+            questions = bank.select(
+                tiers=args.tiers, set_id=None if args.set == "all" else args.set
+            )
         if not questions:
             raise ValueError(f"no question matches --tiers {args.tiers} in --set {args.set}")
         paths = export_assignment(questions, args.out, formats=args.format, title=args.title,

@@ -2,9 +2,11 @@
 
 ``export_assignment(questions, out_dir)`` writes, per requested format,
 
-* ``assignment.md`` / ``assignment.ipynb`` -- the student version: each question followed by an empty
-  space to answer in. No answer text, no links to the answer, nothing folded: it is simply absent.
-* ``answer-key.md`` / ``answer-key.ipynb`` -- the same questions with their three-part answers and links.
+* ``assignment.md`` / ``assignment.ipynb`` -- the student version: each question followed by an
+  empty space to answer in. No answer text, no links to the answer, nothing folded: it is simply
+  absent.
+* ``answer-key.md`` / ``answer-key.ipynb`` -- the same questions with their three-part answers and
+  links.
 
 Both formats carry the question id in a machine-readable place (an HTML comment in Markdown, cell
 metadata in a notebook), so ``read_markdown`` / ``read_notebook`` parse an exported file back into
@@ -21,7 +23,12 @@ from pathlib import Path
 import nbformat
 
 from servelab.questions.bank import Question
-from servelab.questions.render import answer_markdown, find_book_root, rubric_markdown, section_heading
+from servelab.questions.render import (
+    answer_markdown,
+    find_book_root,
+    rubric_markdown,
+    section_heading,
+)
 
 __all__ = [
     "FORMATS",
@@ -39,7 +46,9 @@ _MARKER = "<!-- servelab-question: {} -->"
 _MARKER_RE = re.compile(r"^<!-- servelab-question: ([A-Z][0-9]+) -->$", re.MULTILINE)
 _STUDENT_HEADING = "### Your answer"
 _KEY_HEADING = "### Answer"
-_RESPONSE_PLACEHOLDER = "_Write your answer here: framework, key formula or definition, common mistakes._"
+_RESPONSE_PLACEHOLDER = (
+    "_Write your answer here: framework, key formula or definition, common mistakes._"
+)
 _INSTRUCTIONS = (
     "Answer every question in three parts: the framework you would use, the key formula or "
     "definition, and the mistakes a weak answer makes."
@@ -85,7 +94,8 @@ def _markdown(questions: list[Question], title: str, with_answers: bool) -> str:
 
 
 def read_markdown(path: str | Path) -> list[ExportedQuestion]:
-    """Parse an exported Markdown assignment or answer key back into its questions, in file order."""
+    """Parse an exported Markdown assignment or answer key back into its questions, in file
+    order."""
     text = Path(path).read_text(encoding="utf-8")
     matches = list(_MARKER_RE.finditer(text))
     records = []
@@ -125,12 +135,17 @@ def _notebook(questions: list[Question], title: str, with_answers: bool) -> nbfo
         else:
             cells.append(_cell(_RESPONSE_PLACEHOLDER, "response", q.id))
     nb = nbformat.v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     return nb
 
 
 def read_notebook(path: str | Path) -> list[ExportedQuestion]:
-    """Parse an exported notebook back into its questions (ids from cell metadata), in file order."""
+    """Parse an exported notebook back into its questions (ids from cell metadata), in file
+    order."""
     nb = nbformat.read(str(path), as_version=4)
     questions: dict[str, tuple[str, str]] = {}
     answers: dict[str, str] = {}
@@ -141,7 +156,10 @@ def read_notebook(path: str | Path) -> list[ExportedQuestion]:
             questions[meta["question_id"]] = (heading.split(" · ", 1)[-1], text.strip())
         elif meta.get("role") == "answer":
             answers[meta["question_id"]] = cell.source.strip()
-    return [ExportedQuestion(qid, title, text, answers.get(qid)) for qid, (title, text) in questions.items()]
+    return [
+        ExportedQuestion(qid, title, text, answers.get(qid))
+        for qid, (title, text) in questions.items()
+    ]
 
 
 # -------------------------------------------------------------------------------- export
@@ -154,11 +172,13 @@ def export_assignment(
     title: str = "servelab interview questions",
     key_dir: str | Path | None = None,
 ) -> list[Path]:
-    """Write the student version and the answer key in every format of ``formats``; returns the paths.
+    """Write the student version and the answer key in every format of ``formats``; returns the
+    paths.
 
     ``formats`` holds ``"markdown"`` and/or ``"notebook"``. The student version goes to ``out_dir``,
-    the answer key to ``key_dir`` (default: ``out_dir`` too; give a folder of its own so the folder you
-    hand out holds no key). Folders are created if missing; files of the same names are overwritten.
+    the answer key to ``key_dir`` (default: ``out_dir`` too; give a folder of its own so the folder
+    you hand out holds no key). Folders are created if missing; files of the same names are
+    overwritten.
     """
     if not questions or not all(isinstance(q, Question) for q in questions):
         raise ValueError("questions must be a non-empty list of Question")
@@ -168,7 +188,9 @@ def export_assignment(
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {list(formats)}")
     out, key_out = Path(out_dir), Path(key_dir if key_dir is not None else out_dir)
     if key_dir is not None and out.resolve() == key_out.resolve():
-        raise ValueError(f"key_dir must differ from out_dir to keep the key apart, got {str(key_out)!r} twice")
+        raise ValueError(
+            f"key_dir must differ from out_dir to keep the key apart, got {str(key_out)!r} twice"
+        )
     written = []
     for stem, with_answers in ((STUDENT_STEM, False), (KEY_STEM, True)):
         out = key_out if with_answers else Path(out_dir)

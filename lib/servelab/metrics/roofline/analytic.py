@@ -1,4 +1,5 @@
-"""The roofline on paper: ridge point, attainable FLOP/s, and the FLOPs and bytes of prefill and decode.
+"""The roofline on paper: ridge point, attainable FLOP/s, and the FLOPs and bytes of prefill and
+decode.
 
 It answers "which side of the ridge does this phase sit on" for an idealised dense decoder
 (:class:`ModelShape`). It gives upper bounds for a thought experiment, not latency predictions:
@@ -13,8 +14,15 @@ from dataclasses import dataclass
 from servelab._validate import require_int, require_real
 from servelab.kv import kv_bytes_per_token
 
-__all__ = ["ModelShape", "PhaseCost", "attainable_flops", "causal_attention_flops", "decode_cost", "prefill_cost",
-           "ridge_point"]
+__all__ = [
+    "ModelShape",
+    "PhaseCost",
+    "attainable_flops",
+    "causal_attention_flops",
+    "decode_cost",
+    "prefill_cost",
+    "ridge_point",
+]
 
 
 def ridge_point(peak_flops: float, mem_bandwidth: float) -> float:
@@ -51,7 +59,14 @@ class ModelShape:
     bytes_per_elem: int
 
     def __post_init__(self) -> None:
-        for name in ("params", "n_layers", "hidden_size", "n_kv_heads", "head_dim", "bytes_per_elem"):
+        for name in (
+            "params",
+            "n_layers",
+            "hidden_size",
+            "n_kv_heads",
+            "head_dim",
+            "bytes_per_elem",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int >= 1")
@@ -64,7 +79,9 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, self.bytes_per_elem)
+        return kv_bytes_per_token(
+            self.n_layers, self.n_kv_heads, self.head_dim, self.bytes_per_elem
+        )
 
 
 @dataclass(frozen=True)
@@ -86,11 +103,12 @@ def _require_shape(model: object) -> ModelShape:
 
 
 def causal_attention_flops(n_layers: int, hidden_size: int, prompt_len: int) -> int:
-    """FLOPs of causal self-attention over a prompt of ``prompt_len`` tokens, the one prefill-attention count of
-    the library: the scores Q K^T and the weighted sum of V cost 2 x 2 x ``hidden_size`` per (query, key)
-    pair, and a causal mask leaves each token scoring itself and every earlier one, L(L+1)/2 pairs per
-    layer: 2 x layers x hidden x L(L+1). (Computing every score, masked or not, would cost 4 x layers x
-    hidden x L^2, about twice as much.)"""
+    """FLOPs of causal self-attention over a prompt of ``prompt_len`` tokens, the one
+    prefill-attention count of the library: the scores Q K^T and the weighted sum of V cost 2 x 2 x
+    ``hidden_size`` per (query, key) pair, and a causal mask leaves each token scoring itself and
+    every earlier one, L(L+1)/2 pairs per
+    layer: 2 x layers x hidden x L(L+1). (Computing every score, masked or not, would cost 4 x
+    layers x hidden x L^2, about twice as much.)"""
     return 2 * require_int("n_layers", n_layers, 1) * require_int("hidden_size", hidden_size, 1) \
         * require_int("prompt_len", prompt_len, 1) * (prompt_len + 1)
 
@@ -98,8 +116,8 @@ def causal_attention_flops(n_layers: int, hidden_size: int, prompt_len: int) -> 
 def prefill_cost(model: ModelShape, prompt_len: int, batch: int = 1) -> PhaseCost:
     """One prefill pass over ``batch`` prompts of ``prompt_len`` tokens.
 
-    FLOPs: 2P per token for the weight matmuls plus causal attention (:func:`causal_attention_flops`,
-    2 x layers x hidden x L(L+1) per prompt).
+    FLOPs: 2P per token for the weight matmuls plus causal attention
+    (:func:`causal_attention_flops`, 2 x layers x hidden x L(L+1) per prompt).
     Bytes: weights read once, plus the prompt's KV written once. Activations are ignored.
     """
     m = _require_shape(model)

@@ -1,10 +1,11 @@
 """One decode step split into its two kernels: the weight GEMMs and attention over the KV cache.
 
-:func:`servelab.metrics.roofline.decode_cost` adds both into one intensity. They behave differently as the
-batch grows: the weight GEMMs share one read of the weights among all sequences, so their intensity
-rises with the batch (about ``batch x 2 / bytes_per_elem`` FLOP/byte) and crosses a ridge point;
-attention reads each sequence's own cache, so its intensity is fixed by the model's shape whatever
-the batch. Units: FLOP, bytes, FLOP/byte. Activations are ignored, as in the analytic roofline.
+:func:`servelab.metrics.roofline.decode_cost` adds both into one intensity. They behave differently
+as the batch grows: the weight GEMMs share one read of the weights among all sequences, so their
+intensity rises with the batch (about ``batch x 2 / bytes_per_elem`` FLOP/byte) and crosses a ridge
+point; attention reads each sequence's own cache, so its intensity is fixed by the model's shape
+whatever the batch. Units: FLOP, bytes, FLOP/byte. Activations are ignored, as in the analytic
+roofline.
 """
 
 from __future__ import annotations

@@ -124,6 +124,16 @@ QWEN3_30B_A3B = MoEShape(name="Qwen3-30B-A3B", n_layers=48, hidden_size=2048, n_
                          vocab_size=151_936)
 """Qwen3-30B-A3B's shape from its published ``config.json``, in bf16."""
 
-MIXTRAL_8X7B = MoEShape(name="Mixtral-8x7B", n_layers=32, hidden_size=4096, n_heads=32, n_kv_heads=8,
-                        head_dim=128, n_experts=8, top_k=2, expert_ffn=14336, vocab_size=32000)
+MIXTRAL_8X7B = MoEShape(
+    name="Mixtral-8x7B",
+    n_layers=32,
+    hidden_size=4096,
+    n_heads=32,
+    n_kv_heads=8,
+    head_dim=128,
+    n_experts=8,
+    top_k=2,
+    expert_ffn=14336,
+    vocab_size=32000,
+)
 """Mixtral-8x7B's shape from its published ``config.json``, in bf16."""
