@@ -98,9 +98,9 @@ def test_json_schema_requests_speculate_and_equal_plain_greedy(model, tokenizer,
     finals = {}
     for i, (prompt, request_params) in enumerate(zip(prompts, params)):  # while others decode
         engine.add_request(prompt, request_params, request_id=f"r{i}")
-        finals |= {out.request_id: out for out in engine.step() if out.finished}
+        finals |= {out.request_id: out for out in engine.step().outputs if out.finished}
     while engine.has_unfinished():
-        finals |= {out.request_id: out for out in engine.step() if out.finished}
+        finals |= {out.request_id: out for out in engine.step().outputs if out.finished}
         rolled_back(engine)
     for i, (schema, expected) in enumerate(zip(SCHEMAS, plain)):
         out = finals[f"r{i}"]
