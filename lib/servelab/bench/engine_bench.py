@@ -140,13 +140,20 @@ def skewed_lengths(
 
 def to_transformers(model: LlamaForCausalLM):
     """The same weights as a ``transformers.LlamaForCausalLM``, on the model's device and dtype,
-    eval."""
+    eval. Loaded without ``transformers``' progress bar (in a notebook it would be a widget)."""
     import transformers
+    from transformers.utils import logging as hf_logging
 
     weight = model.lm_head.weight
-    with tempfile.TemporaryDirectory() as directory:
-        save_checkpoint(model, directory)
-        hf = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=weight.dtype)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            save_checkpoint(model, directory)
+            hf = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=weight.dtype)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     return hf.to(weight.device).eval()
 
 
