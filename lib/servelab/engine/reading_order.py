@@ -49,8 +49,8 @@ ENGINE_STEP: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (
         "servelab.engine.cpu_linear",
         ("PackedLinear.forward",),
-        "phase 3's linear layers on a CPU: one row a GEMV, several rows oneDNN on "
-        "prepacked weights",
+        "phase 3's linear layers on a CPU: oneDNN on weights packed once, for any number "
+        "of rows",
     ),
     ("servelab.engine.sampler", ("sample_tokens",), "phase 4: one token per sample, batched"),
     (
