@@ -2,7 +2,8 @@
 
 import pytest
 
-from servelab.bench.timing import (NO_DIFFERENCE, bootstrap_median_band, compare, compare_ratios,
+from servelab.bench.timing import (NO_DIFFERENCE, Comparison, Timing, bootstrap_median_band, compare,
+                                   compare_ratios,
                                    time_interleaved)
 
 
@@ -74,3 +75,13 @@ def test_time_interleaved_rotates_the_order_and_pairs_rounds():
 def test_time_interleaved_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):
         time_interleaved({"a": lambda: None}, **kwargs)
+
+
+def test_a_verdict_needs_a_band_that_clears_one_as_printed():
+    def verdict(low: float, high: float) -> str:
+        return Comparison(Timing((1.0,)), Timing((1.0,)), 1.0, (low, high)).verdict
+
+    assert verdict(1.004, 1.1) == NO_DIFFERENCE  # printed "1.00–1.10×": reaches 1
+    assert verdict(1.006, 1.1) == "faster"
+    assert verdict(0.9, 0.9987) == NO_DIFFERENCE  # printed as "1.00–1.11× slower"
+    assert verdict(0.9, 0.994) == "slower"

@@ -47,6 +47,11 @@ class Timing:
         return q1, q3
 
 
+def _clears_one(value: float) -> bool:
+    """Whether ``value`` printed with two decimals reads above 1.00."""
+    return float(f"{value:.2f}") > 1.0
+
+
 @dataclass(frozen=True)
 class Comparison:
     """A against B: paired ratios ``t_A / t_B`` with their median and a bootstrap band."""
@@ -58,11 +63,13 @@ class Comparison:
 
     @property
     def verdict(self) -> str:
-        """B compared with A: "faster", "slower" or "no measurable difference" (band spans 1)."""
+        """B compared with A: "faster", "slower" or "no measurable difference": the band must clear
+        1 as the book prints it (two decimals), so a band that reads "1.00–1.06×" is no
+        difference."""
         low, high = self.band
-        if low > 1.0:
+        if _clears_one(low):
             return "faster"
-        if high < 1.0:
+        if _clears_one(1 / high) and float(f"{high:.2f}") < 1.0:  # both ways it is printed
             return "slower"
         return NO_DIFFERENCE
 
