@@ -9,24 +9,26 @@ when it is there, against that build's profile (``_build/machine-profile.json``)
 
 from __future__ import annotations
 
-import ast
+import importlib.util
 import json
 import os
-import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from servelab.bench.claims import (fit_violations, page_text, profile_figures, profile_violations,
-                                   verdict_violations)
+                                   verdict_changes, verdict_violations, verdicts)
 from servelab.bench.timing import compare_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML_DIR = Path(os.environ.get("SERVELAB_HTML_DIR", ROOT / "_build" / "html"))
 PROFILE = HTML_DIR.parent / "machine-profile.json"
 COMMITTED_PROFILE = ROOT / "notebooks" / "machine-profile.json"
-GLUE_TEXT = re.compile(r"\{glue:text\}`\.\./notebooks/([\w./-]+\.ipynb)::(\w+):([^`]*)`")
-SKIPPED = {"_static", "_sources", "_images"}
+_spec = importlib.util.spec_from_file_location("book_pages", ROOT / "tools" / "book_pages.py")
+book_pages = importlib.util.module_from_spec(_spec)
+sys.modules["book_pages"] = book_pages
+_spec.loader.exec_module(book_pages)
 
 
 def test_page_text_reads_tables_and_skips_scripts():
@@ -68,16 +70,28 @@ def test_describe_passes_and_a_word_inside_the_band_fails():
     assert {f.split(":")[0] for f in found} == set(crafted)
 
 
+def test_a_claim_that_changes_direction_between_builds_is_reported():
+    first = {"ch05": "per-step vs on-demand: no measurable difference (1.04×, band 0.93–1.15×); "
+                     "int8 is 1.30× faster than fp32 (band 1.20–1.40×).",
+             "ch07": "the int8 pair is 1.25× slower than plain decoding (band 1.10–1.40×)."}
+    same = {"ch05": "per-step vs on-demand: no measurable difference (0.97×, band 0.90–1.08×); "
+                    "int8 is 1.41× faster than fp32 (band 1.33–1.52×).",
+            "ch07": "the int8 pair is 1.19× slower than plain decoding (band 1.05–1.31×)."}
+    assert [d for _, d in verdicts(first["ch05"])] == ["no difference", "faster"]
+    assert verdict_changes(first, same) == []
+    flipped = same | {"ch05": "per-step is 1.06× faster than on-demand (band 1.02–1.12×); "
+                              "int8 is 1.41× faster than fp32 (band 1.33–1.52×)."}
+    found = verdict_changes(first, flipped)
+    assert len(found) == 1 and "no difference -> faster" in found[0]
+    fewer = same | {"ch07": "the int8 pair ran."}
+    assert "1 banded claims in the first build, 0 in the second" in verdict_changes(first, fewer)[0]
+
+
 def test_fit_fixed_part_above_smallest_step_fails():
     good = "Its fit (fixed part 30.10 ms, no more than the smallest measured step, 31.00 ms) ..."
     bad = "Its fit (fixed part 143.9 ms, no more than the smallest measured step, 99.8 ms) ..."
     assert fit_violations({"ok": good}) == []
     assert len(fit_violations({"ch07": bad})) == 1
-
-
-def _built_pages() -> dict[str, str]:
-    return {str(p.relative_to(HTML_DIR)): page_text(p.read_text(encoding="utf-8"))
-            for p in sorted(HTML_DIR.rglob("*.html")) if not SKIPPED.intersection(p.relative_to(HTML_DIR).parts)}
 
 
 def _profile_values(path: Path = PROFILE) -> dict[str, float] | None:
@@ -92,54 +106,13 @@ def _profile_values(path: Path = PROFILE) -> dict[str, float] | None:
 
 @pytest.mark.skipif(not (HTML_DIR / "index.html").is_file(), reason=f"no built book at {HTML_DIR}")
 def test_built_book_states_one_truth():
-    pages = _built_pages()
+    pages = book_pages.built_pages(HTML_DIR)
     found = profile_violations(pages, _profile_values()) + verdict_violations(pages) + fit_violations(pages)
     assert found == [], "\n".join(found)
 
 
-def _glued(notebook: Path) -> dict[str, object]:
-    """The values a committed notebook publishes, by name."""
-    values = {}
-    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
-        for output in cell.get("outputs", []):
-            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
-            text = output.get("data", {}).get("application/papermill.record/text/plain")
-            if name and text:
-                try:
-                    values[name] = ast.literal_eval(text)
-                except (ValueError, SyntaxError):
-                    values[name] = text
-    return values
-
-
-def _printed(notebook: Path) -> str:
-    """What a committed notebook's cells print (streams and plain-text results)."""
-    parts = []
-    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
-        for output in cell.get("outputs", []):
-            parts.append("".join(output.get("text", "")))
-            parts.append("".join(output.get("data", {}).get("text/plain", "")))
-    return page_text(" ".join(parts))
-
-
-def _chapter_with_values(page: Path, cache: dict[str, dict]) -> str:
-    """A chapter's text with each ``{glue:text}`` replaced by its committed value, formatted."""
-    def value(match: re.Match) -> str:
-        notebook, name, spec = match.groups()
-        values = cache.setdefault(notebook, _glued(ROOT / "notebooks" / notebook))
-        if name not in values:
-            return match.group(0)
-        try:
-            return format(values[name], spec)
-        except (TypeError, ValueError):
-            return str(values[name])
-    return page_text(GLUE_TEXT.sub(value, page.read_text(encoding="utf-8")))
-
-
 def test_committed_sources_state_one_truth():
-    cache: dict[str, dict] = {}
-    pages = {p.name: _chapter_with_values(p, cache) for p in sorted((ROOT / "book").glob("*.md"))}
-    pages |= {p.name: _printed(p) for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
+    pages = book_pages.source_pages(ROOT / "notebooks")
     profile = _profile_values(COMMITTED_PROFILE)
     found = profile_violations(pages, profile) + verdict_violations(pages) + fit_violations(pages)
     assert found == [], "\n".join(found)

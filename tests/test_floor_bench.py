@@ -28,6 +28,8 @@ def test_bench_floor_reports_floors_fractions_and_the_baseline():
     gemv = section["gemv_only_batch1"]  # every matrix once: the tied head once, the embedding not again
     assert gemv["bytes"] == 4 * (sum(p.numel() for p in model.parameters()) - sum(
         p.numel() for n, p in model.named_parameters() if "norm" in n))
+    read = section["weight_read_batch1"]  # the floor timed beside the step
+    assert read["fraction_of_floor"] == pytest.approx(read["step_s"] / rows[0]["step_s"])
     weight = model.lm_head.weight
     result = {"hardware": engine_bench.hardware(weight.device, weight.dtype), "floor": section}
     json.dumps(result)

@@ -13,6 +13,9 @@ Three rules over the text a reader reads (one string per page, tags stripped):
   measured step, S ms", is no larger than that smallest measured total.
 
 Each check returns the violations it found as sentences naming the page; an empty list is a pass.
+:func:`verdicts` reads the direction of every banded claim of a page, so that two builds of the same
+sources can be compared claim by claim (:func:`verdict_changes`): a second build on the same
+machine must change no sentence's direction.
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ __all__ = [
     "page_text",
     "profile_figures",
     "profile_violations",
+    "verdict_changes",
     "verdict_violations",
+    "verdicts",
 ]
 
 
@@ -139,4 +144,44 @@ def fit_violations(pages: Mapping[str, str]) -> list[str]:
             fixed, smallest = (_value(g)[0] for g in match.groups())
             if fixed > smallest:
                 found.append(f"{name}: {match.group(0)!r}")
+    return found
+
+
+def _direction(clause: str, low: float, high: float) -> str:
+    """A banded claim's direction: "no difference" when the band holds 1, else the clause's speed
+    word ("faster"/"slower"), else which side of 1 the band is on."""
+    if low <= 1.0 <= high:
+        return "no difference"
+    word = SPEED_WORD.search(clause)
+    if word:
+        return word.group(0)
+    return "above 1" if low > 1.0 else "below 1"
+
+
+def verdicts(text: str) -> list[tuple[str, str]]:
+    """Every band of ``text`` in page order, as ``(the clause with its numbers masked, direction)``:
+    the masked clause says which claim it is, the direction what it says."""
+    found = []
+    for clause in CLAUSE_END.split(text):
+        for band in BAND.finditer(clause):
+            low, high = (float(g.replace(",", "")) for g in band.groups())
+            masked = re.sub(NUMBER, "#", SPEED_WORD.sub("~", clause.strip()))
+            found.append((re.sub(r"no measurable difference", "~", masked)[:160],
+                          _direction(clause, low, high)))
+    return found
+
+
+def verdict_changes(first: Mapping[str, str], second: Mapping[str, str]) -> list[str]:
+    """Claims whose direction differs between two builds of the same pages (name -> text), matched
+    by page and position; a page whose banded claims differ in number is reported too."""
+    found = []
+    for name in sorted(first.keys() & second.keys()):
+        a, b = verdicts(first[name]), verdicts(second[name])
+        if len(a) != len(b):
+            found.append(f"{name}: {len(a)} banded claims in the first build, {len(b)} in the "
+                         "second")
+            continue
+        for (claim, was), (_, now) in zip(a, b):
+            if was != now:
+                found.append(f"{name}: {was} -> {now}: {claim!r}")
     return found

@@ -44,6 +44,7 @@ __all__ = [
     "format_floor",
     "gemv_only",
     "gemv_only_s",
+    "weight_read",
     "round_robin_medians",
     "smollm2_random",
 ]
@@ -81,6 +82,20 @@ def gemv_only(model: LlamaForCausalLM) -> Callable[[], None]:
     def run() -> None:
         for w in weights:
             x[w.shape[1]] @ w.T
+
+    return run
+
+
+def weight_read(model: LlamaForCausalLM) -> Callable[[], None]:
+    """A STREAM-like ``sum`` over every parameter once: the bytes a batch-1 decode step must read
+    (the KV aside), at the speed a plain read gets. Timed round-robin beside the step, it is the
+    weight-read floor measured side by side rather than minutes before."""
+    params = list(model.parameters())
+
+    @torch.inference_mode()
+    def run() -> None:
+        for p in params:
+            p.sum()
 
     return run
 
@@ -152,9 +167,9 @@ def bench_floor(
     model, tokenizer, hf, rng, batch_sizes: tuple[int, ...], context: int, steps: int
 ) -> dict:
     """The engine's decode step at each batch size against its roofline floor; at batch 1,
-    round-robin with ``generate``'s per-token step (:func:`hf_decode_step`) and the bare GEMVs
-    (:func:`gemv_only`), so their ratios are measured side by side (``batch_sizes`` must include 1);
-    ``context`` prompt tokens each."""
+    round-robin with ``generate``'s per-token step (:func:`hf_decode_step`), the bare GEMVs
+    (:func:`gemv_only`) and a plain read of the weights (:func:`weight_read`), so their ratios are
+    measured side by side (``batch_sizes`` must include 1); ``context`` prompt tokens each."""
     roof = measure_roofline()
     rows, batch1 = [], {}
     for batch in batch_sizes:
@@ -167,6 +182,7 @@ def bench_floor(
                     hf, random_prompts(rng, 1, context, context, model.config.vocab_size)
                 ),
                 "gemv_only": gemv_only(model),
+                "weight_read": weight_read(model),
             }
         medians = round_robin_medians(steps, fns)
         if batch == 1:
@@ -190,6 +206,12 @@ def bench_floor(
             "fraction_of_floor": hf_floor.memory_s / hf_step,
         },
         "engine_vs_generate_batch1": hf_step / rows[0]["step_s"],
+        # the floor read beside the step: a plain read of the same weights over the step
+        "weight_read_batch1": {
+            "step_s": batch1["weight_read"],
+            "fraction_of_floor": batch1["weight_read"] / rows[0]["step_s"],
+            "gemv_fraction_of_floor": batch1["weight_read"] / gemv_s,
+        },
     }
 
 
@@ -221,6 +243,12 @@ def format_floor(result: dict) -> str:
         f"the step's matrices alone (torch GEMVs), batch 1: {gemv['step_s'] * 1e3:.1f} ms, "
         f"{gemv['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; engine step "
         f"{gemv['engine_step_over_gemv']:.2f}x that"
+    )
+    read = floor["weight_read_batch1"]
+    lines.append(
+        f"a plain read of the weights beside it: {read['step_s'] * 1e3:.1f} ms; engine step at "
+        f"{read['fraction_of_floor']:.0%} of that floor, the bare GEMVs at "
+        f"{read['gemv_fraction_of_floor']:.0%}"
     )
     hf = floor["transformers_batch1"]
     lines.append(

@@ -63,7 +63,7 @@ TARGETS = {
 }
 """The course's targets on this model (fp32): at 8 and 32 requests the engine at least 1.5x
 ``generate`` on one static batch and 2x ``generate_batch``; the batch-1 decode step at least 85 % of
-the weight-read floor."""
+the weight-read floor (a plain read of the same weights, timed round-robin beside the step)."""
 CONCURRENCY = (1, 8, 32)
 NEW_TOKENS = 64
 PROMPT_TOKENS = (50, 250)
@@ -225,7 +225,7 @@ def targets_met(throughput: dict[str, dict], floor: dict) -> dict[str, bool]:
     met = {f"{key}_{n}": throughput[str(n)][key]["ratio"] >= TARGETS[key]
            for key in ("engine_vs_generate", "engine_vs_generate_batch") for n in (8, 32)}
     met["batch1_fraction_of_weight_read_floor"] = (
-        floor["engine"][0]["floor_s"]["memory"] / floor["engine"][0]["step_s"]
+        floor["weight_read_batch1"]["fraction_of_floor"]
         >= TARGETS["batch1_fraction_of_weight_read_floor"]
     )
     return met
@@ -299,11 +299,12 @@ def format_result(result: dict) -> str:
                 r = sec[key]
                 line += f"{name} {r['ratio']:.2f}x [{r['band'][0]:.2f}-{r['band'][1]:.2f}] "
         lines.append(line)
-    b1 = result["floor"]["engine"][0]
+    b1, read = result["floor"]["engine"][0], result["floor"]["weight_read_batch1"]
     lines.append(
-        f"batch-1 decode step {b1['step_s'] * 1e3:.1f} ms, weight-read floor "
-        f"{b1['floor_s']['memory'] * 1e3:.1f} ms: "
-        f"{b1['floor_s']['memory'] / b1['step_s']:.0%} of the floor"
+        f"batch-1 decode step {b1['step_s'] * 1e3:.1f} ms, weight-read floor (a plain read of the "
+        f"weights, timed beside it) {read['step_s'] * 1e3:.1f} ms: "
+        f"{read['fraction_of_floor']:.0%} of the floor; the bare GEMVs "
+        f"{read['gemv_fraction_of_floor']:.0%}"
     )
     lines += [
         "",
