@@ -1,10 +1,9 @@
-"""The timing discipline: a verdict only when the band leaves 1."""
+"""The timing discipline: a verdict only when the band leaves 1 by more than the run-to-run drift."""
 
 import pytest
 
-from servelab.bench.timing import (NO_DIFFERENCE, Comparison, Timing, bootstrap_median_band, compare,
-                                   compare_ratios,
-                                   time_interleaved)
+from servelab.bench.timing import (NO_DIFFERENCE, RESOLUTION, Comparison, Timing, bootstrap_median_band,
+                                   compare, compare_ratios, time_interleaved)
 
 
 def test_clear_speedup_is_called_faster():
@@ -77,11 +76,22 @@ def test_time_interleaved_bad_arguments(kwargs, name):
         time_interleaved({"a": lambda: None}, **kwargs)
 
 
-def test_a_verdict_needs_a_band_that_clears_one_as_printed():
+def test_a_verdict_needs_a_band_that_clears_the_resolution_as_printed():
     def verdict(low: float, high: float) -> str:
         return Comparison(Timing((1.0,)), Timing((1.0,)), 1.0, (low, high)).verdict
 
-    assert verdict(1.004, 1.1) == NO_DIFFERENCE  # printed "1.00–1.10×": reaches 1
-    assert verdict(1.006, 1.1) == "faster"
-    assert verdict(0.9, 0.9987) == NO_DIFFERENCE  # printed as "1.00–1.11× slower"
-    assert verdict(0.9, 0.994) == "slower"
+    edge = 1 + RESOLUTION
+    assert verdict(edge + 0.004, 2.0) == NO_DIFFERENCE  # printed at the edge: not beyond it
+    assert verdict(edge + 0.006, 2.0) == "faster"
+    assert verdict(1.004, 1.1) == NO_DIFFERENCE  # "1.00–1.10×": reaches 1
+    assert verdict(1.08, 1.12) == NO_DIFFERENCE  # leaves 1, not the run-to-run drift
+    assert verdict(0.5, 1 / (edge + 0.006)) == "slower"
+    assert verdict(0.5, 1 / edge) == NO_DIFFERENCE
+
+
+def test_a_band_off_one_but_inside_the_drift_says_so():
+    c = Comparison(Timing((1.0,)), Timing((1.0,)), 1.1, (1.08, 1.12))
+    text = c.describe("A", "B")
+    assert text.startswith("B vs A: no measurable difference (1.10×, band 1.08–1.12×, inside the 15 %")
+    assert "drifts" not in compare_ratios([1.0, 1.2, 0.9, 1.1, 1.0, 0.95],
+                                          [1.1, 0.9, 1.05, 1.0, 1.2, 0.92]).describe("A", "B")

@@ -40,6 +40,18 @@ def built_pages(html_dir: Path) -> dict[str, str]:
     }
 
 
+def profile_values(path: Path) -> dict[str, float] | None:
+    """A machine profile's quantities (:mod:`servelab.bench.machine`) in the units the pages print
+    (:data:`servelab.bench.claims.PROFILE_PATTERNS`); None where there is no profile file."""
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return {"read bandwidth (GB/s)": data["read_bandwidth"] / 1e9,
+            "fp32 matmul peak (GFLOP/s)": data["peak_flops"]["float32"] / 1e9,
+            "bf16 matmul peak (GFLOP/s)": data["peak_flops"]["bfloat16"] / 1e9,
+            "one empty operator (µs)": data["op_overhead_s"] * 1e6}
+
+
 def glued(notebook: Path) -> dict[str, object]:
     """The values an executed notebook publishes, by name."""
     values = {}

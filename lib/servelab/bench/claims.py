@@ -8,7 +8,9 @@ Three rules over the text a reader reads (one string per page, tags stripped):
   given;
 * **honest verdicts**: a speed claim carries its band, as
   :meth:`servelab.bench.timing.Comparison.describe` writes it: "X× faster/slower than ... (band
-  L–H×)" needs the band above 1, and no clause whose band holds 1 says "faster" or "slower";
+  L–H×)" needs the band above 1 by more than the run-to-run resolution
+  (:data:`servelab.bench.timing.RESOLUTION`), and no clause whose band stays within it says
+  "faster" or "slower";
 * **sane fits**: a fitted model's fixed part, written "fixed part F ms, no more than the smallest
   measured step, S ms", is no larger than that smallest measured total.
 
@@ -23,6 +25,8 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Mapping
+
+from servelab.bench.timing import beyond_resolution
 
 NUMBER = r"(\d[\d,]*(?:\.\d+)?)"
 PROFILE_PATTERNS = {
@@ -43,7 +47,7 @@ PROFILE_PATTERNS = {
 }
 """How a page states each profile quantity, in the units the profile's table uses."""
 VERDICT = re.compile(rf"{NUMBER}× (faster|slower) than [^()]*?\(band {NUMBER}–{NUMBER}×\)")
-NO_DIFFERENCE = re.compile(rf"no measurable difference \({NUMBER}×, band {NUMBER}–{NUMBER}×\)")
+NO_DIFFERENCE = re.compile(rf"no measurable difference \({NUMBER}×, band {NUMBER}–{NUMBER}×")
 BAND = re.compile(rf"band {NUMBER}–{NUMBER}×")
 SPEED_WORD = re.compile(r"\b(faster|slower)\b")
 FIT = re.compile(rf"fixed part {NUMBER} ms, no more than the smallest measured step, {NUMBER} ms")
@@ -119,18 +123,23 @@ def verdict_violations(pages: Mapping[str, str]) -> list[str]:
     for name, text in pages.items():
         for match in VERDICT.finditer(text):
             factor, word, low, high = match.groups()
-            if not float(low.replace(",", "")) > 1.0:
-                found.append(f"{name}: {word} with a band that reaches 1: {match.group(0)!r}")
+            if (
+                beyond_resolution(float(low.replace(",", "")), float(high.replace(",", "")))
+                != "above"
+            ):
+                found.append(f"{name}: {word} with a band within the resolution of 1: "
+                             f"{match.group(0)!r}")
         for match in NO_DIFFERENCE.finditer(text):
             _, low, high = (float(g.replace(",", "")) for g in match.groups())
-            if not low <= 1.0 <= high:
+            if beyond_resolution(low, high):
                 found.append(
-                    f"{name}: no difference claimed with a band that excludes 1: {match.group(0)!r}"
+                    f"{name}: no difference claimed with a band beyond the resolution: "
+                    f"{match.group(0)!r}"
                 )
         for clause in CLAUSE_END.split(text):
             for band in BAND.finditer(clause):
                 low, high = (float(g.replace(",", "")) for g in band.groups())
-                if low <= 1.0 <= high and SPEED_WORD.search(clause):
+                if beyond_resolution(low, high) is None and SPEED_WORD.search(clause):
                     found.append(f"{name}: a ratio inside its band called "
                                  f"{SPEED_WORD.search(clause).group(0)}: {clause.strip()[:200]!r}")
     return found
@@ -148,14 +157,14 @@ def fit_violations(pages: Mapping[str, str]) -> list[str]:
 
 
 def _direction(clause: str, low: float, high: float) -> str:
-    """A banded claim's direction: "no difference" when the band holds 1, else the clause's speed
-    word ("faster"/"slower"), else which side of 1 the band is on."""
-    if low <= 1.0 <= high:
+    """A banded claim's direction: "no difference" when the band stays within the run-to-run
+    resolution of 1, else the clause's speed word ("faster"/"slower"), else which side of 1 the band
+    is on."""
+    side = beyond_resolution(low, high)
+    if side is None:
         return "no difference"
     word = SPEED_WORD.search(clause)
-    if word:
-        return word.group(0)
-    return "above 1" if low > 1.0 else "below 1"
+    return word.group(0) if word else f"{side} 1"
 
 
 def verdicts(text: str) -> list[tuple[str, str]]:

@@ -190,10 +190,10 @@ def pool_lesson(model: LlamaForCausalLM, tokenizer, hf, prompts: list[list[int]]
                 repeats: int, small_pool_bytes: int = 64 << 20) -> dict:
     """§5's lesson on the real model: the same requests, all at once, through the engine with its
     default KV pool (sized from the memory there is), the engine with a fixed pool of
-    ``small_pool_bytes`` (64 MiB: the course's old default), and ``generate`` on one left-padded
-    static batch, interleaved repeat by repeat (the first round warms up). Tokens/s of each, each
-    pool's size, and each engine against ``generate``: the median paired ratio (above 1: the engine
-    is faster), its band and verdict."""
+    ``small_pool_bytes`` (default 64 MiB: the course's old default pool), and ``generate`` on one
+    left-padded static batch, interleaved repeat by repeat (the first round warms up). Tokens/s of
+    each, each pool's size, and each engine against ``generate``: the median paired ratio (above 1:
+    the engine is faster), its band and verdict."""
     params = [greedy(new_tokens)] * len(prompts)
     engines = {
         "engine_default_pool": LLMEngine(model, tokenizer, engine_config(model)),
