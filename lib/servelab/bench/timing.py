@@ -88,6 +88,14 @@ class Comparison:
         side = beyond_resolution(*self.band)
         return {"above": "faster", "below": "slower", None: NO_DIFFERENCE}[side]
 
+    def no_difference_text(self) -> str:
+        """"no measurable difference (1.08×, band 1.08–1.12×, ...)": the ratio and its band, and where
+        the band leaves 1 but not by :data:`RESOLUTION`, that it is inside the drift."""
+        low, high = self.band
+        drift = "" if low <= 1.0 <= high else (
+            f", inside the {RESOLUTION * 100:.0f} % this machine drifts between runs")
+        return f"{NO_DIFFERENCE} ({self.ratio:.2f}×, band {low:.2f}–{high:.2f}×{drift})"
+
     def describe(self, a_name: str, b_name: str) -> str:
         """One phrase for the prose, e.g. "B is 1.52× faster than A (band 1.45–1.60×)": the factor
         and its band both as "times faster" or both as "times slower" (above 1); inside the band, "B
@@ -96,10 +104,7 @@ class Comparison:
         checks read."""
         low, high = self.band
         if self.verdict == NO_DIFFERENCE:
-            drift = "" if low <= 1.0 <= high else (
-                f", inside the {RESOLUTION * 100:.0f} % this machine drifts between runs")
-            return (f"{b_name} vs {a_name}: {NO_DIFFERENCE} ({self.ratio:.2f}×, "
-                    f"band {low:.2f}–{high:.2f}×{drift})")
+            return f"{b_name} vs {a_name}: {self.no_difference_text()}"
         if self.verdict == "slower":  # the factor and its band as "times slower", both above 1
             return (f"{b_name} is {1 / self.ratio:.2f}× slower than {a_name} "
                     f"(band {1 / high:.2f}–{1 / low:.2f}×)")
