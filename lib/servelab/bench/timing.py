@@ -89,8 +89,9 @@ class Comparison:
         return {"above": "faster", "below": "slower", None: NO_DIFFERENCE}[side]
 
     def no_difference_text(self) -> str:
-        """"no measurable difference (1.08×, band 1.08–1.12×, ...)": the ratio and its band, and where
-        the band leaves 1 but not by :data:`RESOLUTION`, that it is inside the drift."""
+        """The phrase for a ratio inside the drift: "no measurable difference (1.08×, band
+        1.08–1.12×, ...)", and where the band leaves 1 but not by :data:`RESOLUTION`, that it is
+        inside the drift."""
         low, high = self.band
         drift = "" if low <= 1.0 <= high else (
             f", inside the {RESOLUTION * 100:.0f} % this machine drifts between runs")
