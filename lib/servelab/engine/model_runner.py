@@ -68,9 +68,11 @@ class DecodeGroup:
 
 DECODE_PAD_KEYS = 64
 """A decode row joins a group when its context is at most this many keys shorter than the group's
-longest; a longer row of padding costs more than one more attention call. Measured on SmolLM2-135M's
-shapes (2-core AMD EPYC, fp32): groups split at 64 keys cut decode attention by 15-20 % at 8 and 32
-rows of 50-314 tokens against one call padded to the longest."""
+longest; a longer run of padding costs more than one more attention call. Measured on SmolLM2-135M
+(2-core AMD EPYC, fp32, interleaved): the paged attention of 8 and 32 rows of 50-314 tokens alone
+took 15-20 % less time with groups split at 64 keys than in one call padded to the longest; end to
+end, 32 requests ran 1.12x (band 1.08-1.21x) and 8 requests 1.00x (band 0.90-1.15x) the speed of one
+padded call, both inside that machine's run-to-run drift (``servelab.bench.timing.RESOLUTION``)."""
 
 
 @dataclass
