@@ -79,6 +79,11 @@ def _value(token: str) -> tuple[float, int]:
     return float(plain), len(plain.split(".")[1]) if "." in plain else 0
 
 
+def _band(low: str, high: str) -> tuple[float, float]:
+    """A printed band's two ends as numbers."""
+    return _value(low)[0], _value(high)[0]
+
+
 def _agree(a: tuple[float, int], b: tuple[float, int]) -> bool:
     """Whether two printed numbers can be roundings of one value (each within its own half-unit)."""
     return abs(a[0] - b[0]) <= 0.5 * 10 ** -a[1] + 0.5 * 10 ** -b[1] + 1e-9
@@ -122,24 +127,19 @@ def verdict_violations(pages: Mapping[str, str]) -> list[str]:
     found = []
     for name, text in pages.items():
         for match in VERDICT.finditer(text):
-            factor, word, low, high = match.groups()
-            if (
-                beyond_resolution(float(low.replace(",", "")), float(high.replace(",", "")))
-                != "above"
-            ):
+            _, word, low, high = match.groups()
+            if beyond_resolution(*_band(low, high)) != "above":
                 found.append(f"{name}: {word} with a band within the resolution of 1: "
                              f"{match.group(0)!r}")
         for match in NO_DIFFERENCE.finditer(text):
-            _, low, high = (float(g.replace(",", "")) for g in match.groups())
-            if beyond_resolution(low, high):
+            if beyond_resolution(*_band(*match.groups()[1:])):
                 found.append(
                     f"{name}: no difference claimed with a band beyond the resolution: "
                     f"{match.group(0)!r}"
                 )
         for clause in CLAUSE_END.split(text):
             for band in BAND.finditer(clause):
-                low, high = (float(g.replace(",", "")) for g in band.groups())
-                if beyond_resolution(low, high) is None and SPEED_WORD.search(clause):
+                if beyond_resolution(*_band(*band.groups())) is None and SPEED_WORD.search(clause):
                     found.append(f"{name}: a ratio inside its band called "
                                  f"{SPEED_WORD.search(clause).group(0)}: {clause.strip()[:200]!r}")
     return found
@@ -173,10 +173,9 @@ def verdicts(text: str) -> list[tuple[str, str]]:
     found = []
     for clause in CLAUSE_END.split(text):
         for band in BAND.finditer(clause):
-            low, high = (float(g.replace(",", "")) for g in band.groups())
             masked = re.sub(NUMBER, "#", SPEED_WORD.sub("~", clause.strip()))
             found.append((re.sub(r"no measurable difference", "~", masked)[:160],
-                          _direction(clause, low, high)))
+                          _direction(clause, *_band(*band.groups()))))
     return found
 
 
