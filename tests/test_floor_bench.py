@@ -2,6 +2,7 @@
 
 import json
 import random
+import statistics
 
 import pytest
 
@@ -63,3 +64,21 @@ def test_decode_floor_rows_place_each_step_on_the_roofline():
         assert row["achieved_bytes_per_s"] == pytest.approx(floors["memory"] * 1e10)
         assert row["intensity_flop_per_byte"] == pytest.approx(row["achieved_flops"] / row["achieved_bytes_per_s"])
     assert rows[1]["intensity_flop_per_byte"] > 3 * rows[0]["intensity_flop_per_byte"]  # the weights are shared
+
+
+def test_the_pool_lesson_counts_the_asked_tokens_and_compares_both_pools():
+    from servelab.bench.real_model import pool_lesson
+
+    model, tokenizer = load_checkpoint(None), load_tokenizer(None)
+    hf = engine_bench.to_transformers(model)
+    prompts = engine_bench.random_prompts(random.Random(0), 4, 4, 8, model.config.vocab_size)
+    lengths = [2, 3, 2, 9]
+    run = pool_lesson(model, tokenizer, hf, prompts, lengths, repeats=3, small_pool_bytes=64 << 10)
+    assert run["pool_blocks"]["engine_small_pool"] < run["pool_blocks"]["engine_default_pool"]
+    for name, per_s in run["tokens_per_s"].items():  # every system is credited the 16 asked tokens
+        assert per_s == pytest.approx(16 / statistics.median(run["seconds"][name]))
+    assert set(run["vs_generate"]) == {"engine_default_pool", "engine_small_pool"}
+    assert run["small_vs_default_pool"]["verdict"] in ("faster", "slower", "no measurable difference")
+    json.dumps(run)
+    with pytest.raises(ValueError, match="new_tokens"):
+        pool_lesson(model, tokenizer, hf, prompts, lengths[:3], repeats=3)

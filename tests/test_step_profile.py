@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from servelab.bench import step_profile
-from servelab.bench.real_model import interleaved, native_bf16
+from servelab.bench.real_model import native_bf16
 from servelab.model import load_checkpoint, load_tokenizer
 from servelab.metrics.roofline.measured import Roofline
 
@@ -31,14 +31,6 @@ def test_the_parts_add_up_to_the_step_and_the_measured_ones_cost_time():
     assert rows[1]["floor_s"]["gemm_compute"] == pytest.approx(4 * rows[0]["floor_s"]["gemm_compute"])
     json.dumps(rows)
     assert "weight-read floor" in step_profile.format_profile(rows)
-
-
-def test_interleaved_rotates_and_times_every_system():
-    calls = []
-    times = interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b"),
-                         "c": lambda: calls.append("c")}, repeats=3, warmup=1)
-    assert calls == list("abc") + list("abc") + list("bca") + list("cab")
-    assert all(len(t) == 3 and min(t) >= 0 for t in times.values())
 
 
 def test_native_bf16_reads_the_cpu_flags(tmp_path):

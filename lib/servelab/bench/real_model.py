@@ -47,7 +47,7 @@ from servelab.bench.engine_bench import (
     random_prompts,
     to_transformers,
 )
-from servelab.bench.timing import Comparison, compare_ratios
+from servelab.bench.timing import Comparison, compare_ratios, time_interleaved
 from servelab.engine.config import EngineConfig
 from servelab.engine.llm_engine import LLMEngine
 from servelab.model import load_tokenizer
@@ -93,25 +93,6 @@ def load_model(dtype: torch.dtype = torch.float32) -> tuple[LlamaForCausalLM, ob
             load_tokenizer(None),
             "random (seed 0), SmolLM2-135M's shape",
         )
-
-
-def interleaved(
-    systems: dict[str, Callable[[], object]], repeats: int, warmup: int = 1
-) -> dict[str, list[float]]:
-    """Wall-clock seconds of ``repeats`` calls of each system, round-robin with the order rotating
-    each round (so no system always runs right after the same one), after ``warmup`` untimed
-    rounds."""
-    for _ in range(warmup):
-        for fn in systems.values():
-            fn()
-    names = list(systems)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(repeats):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            start = time.perf_counter()
-            systems[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def _band(comparison: Comparison) -> dict:
@@ -165,7 +146,7 @@ def bench_throughput(model, tokenizer, hf, rng: random.Random, concurrency: int,
         engine_bf16 = LLMEngine(bf16_model, tokenizer, engine_config(bf16_model))
         systems["engine_bf16"] = lambda: engine_bf16.generate(prompts, params)
     # the first round warms up
-    times = interleaved(systems, repeats, warmup=1 if concurrency == 1 else 0)
+    times = time_interleaved(systems, repeats, warmup=1 if concurrency == 1 else 0)
     tokens = concurrency * NEW_TOKENS
     result = {
         "requests": concurrency,
@@ -186,37 +167,51 @@ def bench_throughput(model, tokenizer, hf, rng: random.Random, concurrency: int,
     return result
 
 
-def pool_lesson(model: LlamaForCausalLM, tokenizer, hf, prompts: list[list[int]], new_tokens: int,
-                repeats: int, small_pool_bytes: int = 64 << 20) -> dict:
-    """§5's lesson on the real model: the same requests, all at once, through the engine with its
-    default KV pool (sized from the memory there is), the engine with a fixed pool of
-    ``small_pool_bytes`` (default 64 MiB: the course's old default pool), and ``generate`` on one
-    left-padded static batch, interleaved repeat by repeat (the first round warms up). Tokens/s of
-    each, each pool's size, and each engine against ``generate``: the median paired ratio (above 1:
-    the engine is faster), its band and verdict."""
-    params = [greedy(new_tokens)] * len(prompts)
+def pool_lesson(model: LlamaForCausalLM, tokenizer, hf, prompts: list[list[int]],
+                new_tokens: list[int], repeats: int, small_pool_bytes: int = 64 << 20) -> dict:
+    """§5's lesson on the real model: the same requests, all at once, request ``i`` asking for
+    ``new_tokens[i]`` greedy tokens, through the engine with its default KV pool (sized from the
+    memory there is), the engine with a fixed pool of ``small_pool_bytes`` (default 64 MiB: the
+    course's old default pool), and ``generate`` on one left-padded static batch, which runs every
+    row to the longest request's length. Repeats interleaved round by round after one short
+    warm-up call of each system.
+
+    Returns each system's seconds per repeat, tokens/s of each (the tokens the requests asked for,
+    so a static batch's padding steps are not counted), each pool's size, each engine against
+    ``generate`` and the small pool against the default one: the median paired ratio (above 1: the
+    second system is faster), its band and verdict."""
+    if len(new_tokens) != len(prompts) or min(new_tokens, default=0) < 1:
+        raise ValueError(f"new_tokens must give each of the {len(prompts)} prompts at least one "
+                         f"token, got {new_tokens}")
+    params = [greedy(n) for n in new_tokens]
     engines = {
         "engine_default_pool": LLMEngine(model, tokenizer, engine_config(model)),
         "engine_small_pool": LLMEngine(
             model, tokenizer, engine_config(model, kv_cache_memory_bytes=small_pool_bytes)
         ),
     }
+    for engine in engines.values():  # the warm-up: first-call costs are not part of the lesson
+        engine.generate(prompts[:2], [greedy(2)] * 2)
+    hf_generate(hf, prompts[:2], 2)
     systems: dict[str, Callable[[], object]] = {
         name: (lambda engine=engine: engine.generate(prompts, params))
         for name, engine in engines.items()
     }
-    systems["transformers_generate_static"] = lambda: hf_generate(hf, prompts, new_tokens)
-    times = interleaved(systems, repeats)
-    tokens = len(prompts) * new_tokens
+    systems["transformers_generate_static"] = lambda: hf_generate(hf, prompts, max(new_tokens))
+    times = time_interleaved(systems, repeats, warmup=0)
     static = times["transformers_generate_static"]
     return {
         "requests": len(prompts),
-        "new_tokens": new_tokens,
+        "new_tokens": list(new_tokens),
         "prompt_tokens": [len(p) for p in prompts],
         "pools": {name: engine.kv_pool.describe() for name, engine in engines.items()},
         "pool_blocks": {name: engine.kv_pool.num_blocks for name, engine in engines.items()},
-        "tokens_per_s": {name: tokens / statistics.median(t) for name, t in times.items()},
+        "seconds": times,
+        "tokens_per_s": {name: sum(new_tokens) / statistics.median(t) for name, t in times.items()},
         "vs_generate": {name: _band(compare_ratios(static, times[name])) for name in engines},
+        "small_vs_default_pool": _band(
+            compare_ratios(times["engine_default_pool"], times["engine_small_pool"])
+        ),
     }
 
 
