@@ -82,3 +82,27 @@ def test_the_pool_lesson_counts_the_asked_tokens_and_compares_both_pools():
     json.dumps(run)
     with pytest.raises(ValueError, match="new_tokens"):
         pool_lesson(model, tokenizer, hf, prompts, lengths[:3], repeats=3)
+
+
+def test_engine_bench_ratios_are_paired_medians_with_a_band_and_best_of_only_unpaired(monkeypatch):
+    calls: list[str] = []
+    ticks = {"slow": 4.0, "fast": 1.0}
+    now = [0.0]
+
+    def run(name: str):
+        def fn() -> None:
+            calls.append(name)
+            now[0] += ticks[name] * (3.0 if len(calls) == 1 else 1.0)  # the first round disturbed
+        return fn
+
+    monkeypatch.setattr(engine_bench.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(engine_bench.time, "process_time", lambda: now[0])
+    times = engine_bench.compare({"slow": run("slow"), "fast": run("fast")}, repeats=5)
+    assert calls[:4] == ["slow", "fast", "fast", "slow"]  # the order rotates each round
+    assert times["slow"]["wall_repeats"][0] == 12.0 and times["slow"]["wall_s"] == 4.0
+    paired = engine_bench.ratio(times, "slow", "fast")
+    assert paired["wall"] == 4.0 and paired["verdict"] == "faster"  # the median, not the disturbed round
+    assert paired["band"][0] <= 4.0 <= paired["band"][1]
+    times["once"] = {"wall_repeats": [8.0], "cpu_repeats": [8.0], "wall_s": 8.0, "cpu_s": 8.0}
+    unpaired = engine_bench.ratio(times, "once", "fast")
+    assert unpaired == {"wall": 8.0, "cpu": 8.0, "band": None, "verdict": None}

@@ -34,8 +34,9 @@ Throughput counts requested output tokens per wall-clock second, prefill include
 is off except in its own section (repeats replay the same prompts and would hit it). Latencies are
 seconds at the engine API (``servelab.metrics.latency`` definitions). Greedy decoding, EOS ignored,
 so every system generates exactly the requested tokens; the batch-1 section also checks that all
-three agree token for token. Timings are sensitive to other load on the machine; each figure is the
-best of ``repeats`` runs.
+three agree token for token. Timings are sensitive to other load on the machine: the systems run
+``repeats`` rounds, interleaved; a ratio is the median of the rounds' ratios with its band and
+verdict (:mod:`servelab.bench.timing`), an absolute figure the best round.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from pathlib import Path
 import torch
 
 from servelab import prose
+from servelab.bench.timing import compare_ratios
 from servelab.device import DTYPES, describe_device, dtype_name, pick_device
 from servelab.engine.config import EngineConfig
 from servelab.engine.llm_engine import LLMEngine
@@ -93,29 +95,43 @@ def hardware(device: torch.device, dtype: torch.dtype) -> dict:
             "load_average_1m_at_start": os.getloadavg()[0]}
 
 
-def compare(systems: dict[str, Callable[[], object]], repeats: int) -> dict[str, dict[str, float]]:
-    """Run each system ``repeats`` times, round-robin (so a burst of outside load hits all of them
-    alike).
+def compare(systems: dict[str, Callable[[], object]], repeats: int) -> dict[str, dict]:
+    """Run each system ``repeats`` times, round-robin with the order rotating each round (so a burst
+    of outside load hits all of them alike and no system always runs after the same one).
 
-    Returns per system the smallest wall-clock seconds and the smallest CPU seconds of this process
-    (``time.process_time``: less sensitive to other processes on a shared machine).
+    Returns per system the seconds of every round, by wall clock (``wall_repeats``) and by CPU time
+    of this process (``cpu_repeats``, ``time.process_time``: less sensitive to other processes on a
+    shared machine), and the smallest of each (``wall_s``, ``cpu_s``).
     """
-    best = {name: {"wall_s": float("inf"), "cpu_s": float("inf")} for name in systems}
-    for _ in range(repeats):
-        for name, fn in systems.items():
+    names = list(systems)
+    times = {name: {"wall_repeats": [], "cpu_repeats": []} for name in names}
+    for i in range(repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:
             wall, cpu = time.perf_counter(), time.process_time()
-            fn()
-            best[name]["wall_s"] = min(best[name]["wall_s"], time.perf_counter() - wall)
-            best[name]["cpu_s"] = min(best[name]["cpu_s"], time.process_time() - cpu)
-    return best
+            systems[name]()
+            times[name]["wall_repeats"].append(time.perf_counter() - wall)
+            times[name]["cpu_repeats"].append(time.process_time() - cpu)
+    for record in times.values():
+        record["wall_s"], record["cpu_s"] = min(record["wall_repeats"]), min(record["cpu_repeats"])
+    return times
 
 
-def ratio(times: dict[str, dict[str, float]], slow: str, fast: str) -> dict[str, float]:
-    """How many times faster ``fast`` is than ``slow``, by wall clock and by CPU time."""
-    return {
-        "wall": times[slow]["wall_s"] / times[fast]["wall_s"],
-        "cpu": times[slow]["cpu_s"] / times[fast]["cpu_s"],
-    }
+def ratio(times: dict[str, dict], slow: str, fast: str) -> dict:
+    """How many times faster ``fast`` is than ``slow``, by wall clock and by CPU time.
+
+    Paired round by round where both ran at least 3 rounds (:func:`compare` interleaves them): the
+    median of the per-round ratios, with the wall-clock ratio's band and verdict
+    (:func:`servelab.bench.timing.compare_ratios`). Otherwise (a system run once because it is
+    slow) the ratio of the best times, with no band."""
+    a, b = times[slow], times[fast]
+    if min(len(a["wall_repeats"]), len(b["wall_repeats"])) < 3 or len(a["wall_repeats"]) != len(
+        b["wall_repeats"]
+    ):
+        return {"wall": a["wall_s"] / b["wall_s"], "cpu": a["cpu_s"] / b["cpu_s"], "band": None,
+                "verdict": None}
+    wall = compare_ratios(a["wall_repeats"], b["wall_repeats"])
+    return {"wall": wall.ratio, "cpu": compare_ratios(a["cpu_repeats"], b["cpu_repeats"]).ratio,
+            "band": list(wall.band), "verdict": wall.verdict}
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -389,8 +405,8 @@ def run(
     model = load_checkpoint(model_dir, device=where, dtype=precision)
     tokenizer = load_tokenizer(model_dir)
     hf = to_transformers(model)
-    # every figure is the best of several round-robin runs, to see past bursts of outside load on a
-    # shared machine (run to run, single runs here vary by 10-20 %)
+    # several round-robin runs: a ratio is the median of the rounds' ratios with its band, to see
+    # past bursts of outside load on a shared machine (run to run, single runs here vary by 10-20 %)
     repeats = 1 if quick else 5
     batch1_repeats = 2 if quick else 7
     short, long = ((4, 12), (48, 64)) if quick else ((8, 32), (128, 192))
@@ -454,15 +470,23 @@ def hardware_line(result: dict) -> str:
     )
 
 
+def ratio_text(r: dict) -> str:
+    """A :func:`ratio` by wall clock as the book prints it: "1.80× (band 1.72–2.08×)", or the bare
+    ratio where it has no band."""
+    band = f" (band {r['band'][0]:.2f}–{r['band'][1]:.2f}×)" if r.get("band") else ""
+    return f"{r['wall']:.2f}×{band}"
+
+
 def summary_rows(result: dict) -> list[tuple[str, str]]:
-    """(measurement, figure) pairs of a :func:`run` result; ratios are "x times faster", by best
-    wall-clock time and by best CPU time of this process."""
+    """(measurement, figure) pairs of a :func:`run` result; ratios are "x times faster": the median
+    of the rounds' ratios by wall clock, with its 95 % band, and by CPU time of this process (the
+    no-KV-cache loop runs once: its ratio is of the best times)."""
     b1, sk, cs = result["batch1"], result["skewed_32"], result["continuous_vs_static"]
     pc, cp, sc = result["prefix_cache"], result["chunked_prefill"], result["step_cost"]
 
     def times(r: dict) -> str:
-        """A speed-up ratio by wall clock and by CPU time."""
-        return f"{r['wall']:.2f} wall, {r['cpu']:.2f} cpu"
+        """A speed-up ratio by wall clock (with its band where paired) and by CPU time."""
+        return f"{ratio_text(r)} wall, {r['cpu']:.2f}× cpu"
 
     tps = "{:.0f} tok/s".format
     ms = "{:.1f} ms".format
@@ -510,7 +534,8 @@ def format_table(result: dict) -> str:
     """Human-readable summary of a :func:`run` result."""
     lines = [
         f"hardware: {hardware_line(result)}",
-        "ratios: x times faster, by best wall-clock time and by best CPU time of this process",
+        "ratios: x times faster, median of the rounds' ratios by wall clock (95 % band) and by CPU "
+        "time of this process",
         "",
     ]
     lines += [f"{label:<54}{value:>18}" for label, value in summary_rows(result)]
