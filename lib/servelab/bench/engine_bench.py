@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 from servelab import prose
-from servelab.bench.timing import compare_ratios
+from servelab.bench.timing import compare_ratios, rotated_rounds
 from servelab.device import DTYPES, describe_device, dtype_name, pick_device
 from servelab.engine.config import EngineConfig
 from servelab.engine.llm_engine import LLMEngine
@@ -105,12 +105,11 @@ def compare(systems: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     """
     names = list(systems)
     times = {name: {"wall_repeats": [], "cpu_repeats": []} for name in names}
-    for i in range(repeats):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            wall, cpu = time.perf_counter(), time.process_time()
-            systems[name]()
-            times[name]["wall_repeats"].append(time.perf_counter() - wall)
-            times[name]["cpu_repeats"].append(time.process_time() - cpu)
+    for name in rotated_rounds(names, repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        systems[name]()
+        times[name]["wall_repeats"].append(time.perf_counter() - wall)
+        times[name]["cpu_repeats"].append(time.process_time() - cpu)
     for record in times.values():
         record["wall_s"], record["cpu_s"] = min(record["wall_repeats"]), min(record["cpu_repeats"])
     return times
@@ -124,9 +123,8 @@ def ratio(times: dict[str, dict], slow: str, fast: str) -> dict:
     (:func:`servelab.bench.timing.compare_ratios`). Otherwise (a system run once because it is
     slow) the ratio of the best times, with no band."""
     a, b = times[slow], times[fast]
-    if min(len(a["wall_repeats"]), len(b["wall_repeats"])) < 3 or len(a["wall_repeats"]) != len(
-        b["wall_repeats"]
-    ):
+    rounds = len(a["wall_repeats"])
+    if rounds < 3 or rounds != len(b["wall_repeats"]):
         return {"wall": a["wall_s"] / b["wall_s"], "cpu": a["cpu_s"] / b["cpu_s"], "band": None,
                 "verdict": None}
     wall = compare_ratios(a["wall_repeats"], b["wall_repeats"])

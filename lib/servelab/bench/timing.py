@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 NO_DIFFERENCE = "no measurable difference"
@@ -139,6 +139,14 @@ def compare_ratios(a: list[float], b: list[float], confidence: float = 0.95) -> 
                       bootstrap_median_band(ratios, confidence))
 
 
+def rotated_rounds(names: list[str], repeats: int) -> Iterator[str]:
+    """The order of ``repeats`` interleaved rounds: every name once per round, the order rotated by
+    one each round, so that no run always follows the same other run."""
+    for i in range(repeats):
+        shift = i % len(names)
+        yield from names[shift:] + names[:shift]
+
+
 def time_interleaved(runs: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
                      clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
     """Seconds of each of several runs, ``repeats`` rounds after ``warmup`` untimed calls each.
@@ -156,12 +164,10 @@ def time_interleaved(runs: dict[str, Callable[[], object]], repeats: int = 7, wa
         for name in names:
             runs[name]()
     times: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(repeats):
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = clock()
-            runs[name]()
-            times[name].append(clock() - start)
+    for name in rotated_rounds(names, repeats):
+        start = clock()
+        runs[name]()
+        times[name].append(clock() - start)
     return times
 
 
